@@ -1,0 +1,24 @@
+# The two commands of the README: `make experiment` (the main job) and `make test` (the whole suite).
+# Each one sets itself up first (scripts/bootstrap.sh is idempotent).
+PY := .venv/bin/python
+
+.PHONY: setup experiment test lint bench clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+experiment: setup
+	$(PY) -m mamba_radix.cli experiment
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+
+bench: setup
+	$(PY) benchmarks/bench_pools.py
+	$(PY) benchmarks/bench_tree.py
+
+clean:
+	rm -rf .venv .pytest_cache .hypothesis

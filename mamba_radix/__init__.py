@@ -1,0 +1,1 @@
+"""mamba_radix"""

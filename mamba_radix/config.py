@@ -1,0 +1,249 @@
+"""One frozen, validated configuration for the cache (:class:`CacheConfig`).
+
+Option names follow SGLang's server arguments (``--mamba-radix-cache-strategy`` becomes
+``mamba_radix_cache_strategy``), so a config can be read straight off an engine's flags. Validation runs
+once, in ``__post_init__``; an invalid combination raises :class:`~mamba_radix.errors.ConfigError` whose
+message names the flag and the fix. Derived values (the resolved strategy, the ping-pong size, the slots
+reserved per running request) are properties, computed from the fields and never stored twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from mamba_radix.errors import ConfigError
+
+__all__ = [
+    "EVICTION_ORDERS",
+    "LRU_REFRESH_MODES",
+    "STRATEGIES",
+    "CacheConfig",
+    "EvictionOrder",
+    "LruRefresh",
+    "ResolvedStrategy",
+    "Strategy",
+]
+
+Strategy = Literal["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]
+ResolvedStrategy = Literal["no_buffer", "extra_buffer", "extra_buffer_lazy"]
+EvictionOrder = Literal["leaf_first", "root_first", "mixed"]
+LruRefresh = Literal["node", "path"]
+
+STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
+EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed")
+LRU_REFRESH_MODES: tuple[str, ...] = ("node", "path")
+
+# Slots every running request holds (SGLang PR #37943): its live state, the admission-locked matched
+# checkpoint, and a spare for a donation or a copy-on-write. Ping-pong track slots come on top.
+BASE_SLOTS_PER_REQUEST = 3
+BASE_SLOTS_PER_REQUEST_SKIP_DECODE_LOCK = 2
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Everything the cache, the pools' slot accounting and the scheduler rules depend on.
+
+    Fields (SGLang server-argument names; defaults as in SGLang):
+
+    - ``page_size``: tokens per KV page (1 = token-granular).
+    - ``mamba_radix_cache_strategy``: ``auto``, ``no_buffer``, ``extra_buffer`` or ``extra_buffer_lazy``.
+    - ``disable_overlap_schedule``: overlap scheduling is on by default, as in SGLang. It decides the
+      ping-pong size ``P`` (2 with overlap, 1 without) and what ``auto`` resolves to.
+    - ``mamba_track_interval``: decode checkpoints land where ``seq_len % interval == 0``.
+    - ``mamba_cache_chunk_size``: prefill checkpoints land on multiples of it, counted from the request's
+      prefix start; the effective grid is ``lcm(chunk, page_size)``.
+    - ``mamba_max_states_per_path``: soft cap on checkpoints per root-to-leaf path; -1 = unlimited.
+    - ``mamba_eviction_order``: checkpoint victim order among equally old candidates: ``leaf_first``
+      (deepest first), ``root_first`` (shallowest first) or ``mixed`` (a running request's superseded
+      checkpoints first, shallowest first, then the rest leaf-first).
+    - ``mamba_lru_refresh``: on a hit refresh only the consumed checkpoint (``node``, SGLang after
+      PR #31643) or every checkpoint of the matched path (``path``, the older behaviour).
+    - ``chunked_prefill_size``: tokens per prefill chunk; -1 disables chunking.
+    - ``speculative_num_draft_tokens``: 0 without speculative decoding.
+    - ``skip_decode_lock``: SGLang's ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``; lowers the base reservation.
+    - ``disaggregation_mode``: ``null``, ``prefill`` or ``decode`` (lazy buffers are not allowed with PD).
+    - ``model_supports_extra_buffer``: whether the architecture has the FLA kernels extra_buffer needs.
+    - ``disable_radix_cache``: no prefix caching at all (one slot per request).
+    """
+
+    page_size: int = 1
+    mamba_radix_cache_strategy: Strategy = "auto"
+    disable_overlap_schedule: bool = False
+    mamba_track_interval: int = 256
+    mamba_cache_chunk_size: int = 64
+    mamba_max_states_per_path: int = -1
+    mamba_eviction_order: EvictionOrder = "leaf_first"
+    mamba_lru_refresh: LruRefresh = "node"
+    chunked_prefill_size: int = 8192
+    speculative_num_draft_tokens: int = 0
+    skip_decode_lock: bool = False
+    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    model_supports_extra_buffer: bool = True
+    disable_radix_cache: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self._check_ranges()
+        self._check_strategy()
+
+    # ----------------------------------------------------------------------------------------- validation
+    def _check_types(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{_flag(f.name)} must be an integer, got {value!r}")
+            if f.type in ("bool",) and not isinstance(value, bool):
+                raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
+
+    def _check_ranges(self) -> None:
+        if self.page_size < 1:
+            raise ConfigError(f"--page-size must be >= 1, got {self.page_size}")
+        if self.mamba_track_interval < 1:
+            raise ConfigError(f"--mamba-track-interval must be >= 1, got {self.mamba_track_interval}")
+        if self.mamba_cache_chunk_size < 1:
+            raise ConfigError(f"--mamba-cache-chunk-size must be >= 1, got {self.mamba_cache_chunk_size}")
+        if self.mamba_max_states_per_path == 0 or self.mamba_max_states_per_path < -1:
+            raise ConfigError(
+                f"--mamba-max-states-per-path must be -1 (unlimited) or a positive count, "
+                f"got {self.mamba_max_states_per_path}"
+            )
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ConfigError(
+                f"--chunked-prefill-size must be -1 (no chunking) or a positive token count, "
+                f"got {self.chunked_prefill_size}"
+            )
+        if self.speculative_num_draft_tokens < 0:
+            raise ConfigError(
+                f"--speculative-num-draft-tokens must be >= 0, got {self.speculative_num_draft_tokens}"
+            )
+        if self.mamba_radix_cache_strategy not in STRATEGIES:
+            raise ConfigError(
+                f"--mamba-radix-cache-strategy must be one of {', '.join(STRATEGIES)}, "
+                f"got {self.mamba_radix_cache_strategy!r}"
+            )
+        if self.mamba_eviction_order not in EVICTION_ORDERS:
+            raise ConfigError(
+                f"--mamba-eviction-order must be one of {', '.join(EVICTION_ORDERS)}, "
+                f"got {self.mamba_eviction_order!r}"
+            )
+        if self.mamba_lru_refresh not in LRU_REFRESH_MODES:
+            raise ConfigError(
+                f"--mamba-lru-refresh must be one of {', '.join(LRU_REFRESH_MODES)}, "
+                f"got {self.mamba_lru_refresh!r}"
+            )
+        if self.disaggregation_mode not in ("null", "prefill", "decode"):
+            raise ConfigError(
+                f"--disaggregation-mode must be null, prefill or decode, got {self.disaggregation_mode!r}"
+            )
+
+    def _check_strategy(self) -> None:
+        asked = self.mamba_radix_cache_strategy
+        strategy = self.strategy
+        if strategy == "no_buffer" and self.page_size != 1:
+            hint = "" if asked == "auto" else " or use --mamba-radix-cache-strategy extra_buffer"
+            raise ConfigError(
+                f"--mamba-radix-cache-strategy no_buffer needs --page-size 1 (got {self.page_size}); "
+                f"set --page-size 1{hint}"
+            )
+        if strategy in ("extra_buffer", "extra_buffer_lazy"):
+            if not self.model_supports_extra_buffer:
+                raise ConfigError(
+                    f"--mamba-radix-cache-strategy {strategy} needs a model with extra-buffer support; "
+                    "use --mamba-radix-cache-strategy no_buffer (or auto)"
+                )
+            if self.mamba_track_interval < self.speculative_num_draft_tokens:
+                raise ConfigError(
+                    f"--mamba-track-interval ({self.mamba_track_interval}) must be >= "
+                    f"--speculative-num-draft-tokens ({self.speculative_num_draft_tokens}); raise the interval"
+                )
+            if self.mamba_track_interval % self.page_size != 0:
+                raise ConfigError(
+                    f"--mamba-track-interval ({self.mamba_track_interval}) must be a multiple of "
+                    f"--page-size ({self.page_size}); pick an interval that --page-size divides"
+                )
+            if self.disable_radix_cache and self.speculative_num_draft_tokens == 0:
+                raise ConfigError(
+                    f"--mamba-radix-cache-strategy {strategy} is useless with --disable-radix-cache and no "
+                    "speculative decoding; use no_buffer or enable the radix cache"
+                )
+        if strategy == "extra_buffer_lazy":
+            if self.disable_overlap_schedule:
+                raise ConfigError(
+                    "--mamba-radix-cache-strategy extra_buffer_lazy requires overlap scheduling; "
+                    "drop --disable-overlap-schedule or use extra_buffer"
+                )
+            if self.disaggregation_mode != "null":
+                raise ConfigError(
+                    "--mamba-radix-cache-strategy extra_buffer_lazy is not supported with PD disaggregation "
+                    f"(--disaggregation-mode {self.disaggregation_mode}); use extra_buffer"
+                )
+
+    # -------------------------------------------------------------------------------------- derived values
+    @property
+    def strategy(self) -> ResolvedStrategy:
+        """The strategy in force: ``auto`` resolved as SGLang does; never ``auto``, never lazy by choice."""
+        asked = self.mamba_radix_cache_strategy
+        if asked != "auto":
+            return asked  # type: ignore[return-value]
+        if (self.overlap_requested or self.page_size > 1) and self.model_supports_extra_buffer:
+            return "extra_buffer"
+        return "no_buffer"
+
+    @property
+    def overlap_requested(self) -> bool:
+        return not self.disable_overlap_schedule
+
+    @property
+    def overlap(self) -> bool:
+        """Whether overlap scheduling is in force: ``no_buffer`` always runs without it."""
+        return self.overlap_requested and self.strategy != "no_buffer"
+
+    @property
+    def uses_extra_buffer(self) -> bool:
+        return self.strategy in ("extra_buffer", "extra_buffer_lazy")
+
+    @property
+    def is_lazy(self) -> bool:
+        return self.strategy == "extra_buffer_lazy"
+
+    @property
+    def ping_pong_size(self) -> int:
+        """Entries of a request's track buffer: 0 (no_buffer), 1 (eager, no overlap), 2 (eager with
+        overlap, or lazy, where the second entry is -1 except around a boundary)."""
+        if not self.uses_extra_buffer:
+            return 0
+        if self.is_lazy:
+            return 2
+        return 2 if self.overlap else 1
+
+    @property
+    def slots_per_request(self) -> int:
+        """State slots reserved per running request (SGLang's ``_calculate_mamba_ratio``)."""
+        if self.disable_radix_cache:
+            return 1
+        base = BASE_SLOTS_PER_REQUEST_SKIP_DECODE_LOCK if self.skip_decode_lock else BASE_SLOTS_PER_REQUEST
+        strategy = self.strategy
+        if strategy == "no_buffer":
+            return BASE_SLOTS_PER_REQUEST
+        if strategy == "extra_buffer_lazy":
+            return base + 1
+        return base + (2 if self.overlap else 1)
+
+    @property
+    def mamba_checkpoint_grid(self) -> int:
+        """Prefill checkpoints land on multiples of this many tokens: ``lcm(chunk, page_size)``."""
+        return math.lcm(self.mamba_cache_chunk_size, self.page_size)
+
+    def max_running_requests(self, num_slots: int) -> int:
+        """Requests the state pool admits at once: ``num_slots // slots_per_request``."""
+        return num_slots // self.slots_per_request
+
+    def replace(self, **changes: object) -> CacheConfig:
+        """A validated copy with some fields changed."""
+        return replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,81 @@
+"""The per-request record shared by the pools, the cache and an engine loop.
+
+Field ownership (one writer per field):
+
+- the engine: ``rid``, ``origin_input_ids``, ``output_ids``, ``extra_key``, ``kv_len`` (tokens whose KV
+  is written into this request's ``req_to_token`` row), ``mamba_last_track_seqlen`` (set when the model
+  wrote a state into the track slot), ``mamba_next_track_idx`` flips (eager extra_buffer);
+- :class:`~mamba_radix.pools.HybridReqToTokenPool`: ``req_pool_idx``, ``mamba_pool_idx`` (the live state
+  slot), ``mamba_ping_pong_track_buffer`` and the lazy bookkeeping;
+- :class:`~mamba_radix.cache.MambaRadixCache`: ``prefix_indices``, ``last_node``, ``cache_protected_len``,
+  ``mamba_branching_seqlen``, ``mamba_cow_src_slot``.
+
+Region map of a running request's token positions::
+
+    [0, cache_protected_len)          KV owned by the tree (locked through last_node); read-only
+    [cache_protected_len, kv_len)     KV owned by the request (its req_to_token row), freed or donated
+                                      by cache_unfinished_req / cache_finished_req
+    live state (mamba_pool_idx)       valid at kv_len, owned by the request
+    track slots (ping-pong)           a checkpoint at mamba_last_track_seqlen, donated to the tree
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.node import TreeNode
+
+__all__ = ["Req"]
+
+
+def _empty_indices() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64)
+
+
+@dataclass(eq=False)
+class Req:
+    """One request. ``eq=False``: requests compare and hash by identity."""
+
+    rid: Any
+    origin_input_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    extra_key: str | None = None
+
+    # engine progress
+    kv_len: int = 0
+    mamba_last_track_seqlen: int | None = None
+    finished: bool = False
+
+    # pool bookkeeping
+    req_pool_idx: int | None = None
+    mamba_pool_idx: int | None = None
+    mamba_ping_pong_track_buffer: list[int] | None = None
+    mamba_next_track_idx: int = 0
+    mamba_lazy_is_insert: bool = True
+
+    # cache bookkeeping
+    prefix_indices: torch.Tensor = field(default_factory=_empty_indices)
+    last_node: TreeNode | None = None
+    cache_protected_len: int = 0
+    mamba_branching_seqlen: int | None = None
+    mamba_cow_src_slot: int | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Input followed by output tokens (a new list)."""
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def token_ids(self, num_tokens: int) -> list[int]:
+        """The first ``num_tokens`` tokens of input + output."""
+        n_in = len(self.origin_input_ids)
+        if num_tokens <= n_in:
+            return self.origin_input_ids[:num_tokens]
+        return self.origin_input_ids + self.output_ids[: num_tokens - n_in]

@@ -1,0 +1,52 @@
+"""Shared test set-up: Hypothesis profiles and the Triton interpreter switch.
+
+Profiles, chosen with ``MAMBA_RADIX_HYPOTHESIS_PROFILE`` (default ``ci``):
+
+- ``ci``: bounded so the whole suite runs in a few minutes on 2 cores;
+- ``dev``: fewer examples, for a quick local loop;
+- ``thorough``: deep runs (the stateful suites reach 100,000+ steps in total).
+"""
+
+from __future__ import annotations
+
+import os
+
+# The interpreter flag is read when a kernel is decorated, so it must be set before anything imports
+# mamba_radix_kernels. Without a GPU the Triton kernels run under the interpreter.
+if os.environ.get("TRITON_INTERPRET") is None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    except ImportError:  # pragma: no cover
+        os.environ["TRITON_INTERPRET"] = "1"
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev",
+    max_examples=15,
+    stateful_step_count=25,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=2_000,
+    stateful_step_count=100,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("MAMBA_RADIX_HYPOTHESIS_PROFILE", "ci"))

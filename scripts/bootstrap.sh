@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtual environment in .venv with the package installed in editable mode.
+#
+# - Reuses a torch that is already importable by the chosen Python (the venv sees system site-packages).
+# - Never pulls the multi-GB CUDA build of torch onto a CPU machine: when no torch is present it installs
+#   the CPU build (from a local wheel where this machine kind keeps one, else from PyTorch's CPU index).
+# - Re-running is cheap: a stamp file records the hash of pyproject.toml and of this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+STAMP="$VENV/.mamba_radix_installed"
+want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import mamba_radix, torch" 2>/dev/null; then
+    exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "bootstrap: creating $VENV" >&2
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if ls /opt/wheels/torch-*+cpu-*.whl >/dev/null 2>&1; then
+        echo "bootstrap: installing the CPU build of torch from the local wheel" >&2
+        "${pip[@]}" "torch==2.13.0"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        echo "bootstrap: installing torch (a GPU is present)" >&2
+        "${pip[@]}" torch
+    else
+        echo "bootstrap: installing the CPU build of torch" >&2
+        "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
+    fi
+fi
+
+echo "bootstrap: installing mamba_radix and its test dependencies" >&2
+# triton 3.6.0 matches the GPU machine; its CPU interpreter runs the kernel tests.
+"${pip[@]}" -e ".[test]" "triton==3.6.0; platform_system == 'Linux'"
+echo "$want" > "$STAMP"
