@@ -1,1 +1,102 @@
-"""placeholder"""
+"""Capacity planner: how to split a GPU's memory between full-attention KV and recurrent-state slots.
+
+- :mod:`~mamba_radix.capacity.models`: model specs and presets (``kimi-k3``, ``qwen3-next-80b-a3b``);
+- :mod:`~mamba_radix.capacity.memory`: bytes per KV token, per state slot, per ReplaySSM ring;
+- :mod:`~mamba_radix.capacity.sizing`: SGLang's resolution of slots, tokens and ``max_running_requests``;
+- :mod:`~mamba_radix.capacity.planner`: workload-aware checkpoints, balanced ratio, TP versus DCP;
+- :mod:`~mamba_radix.capacity.cli`: the ``plan`` subcommand.
+"""
+
+from __future__ import annotations
+
+from mamba_radix.capacity.memory import (
+    GIB,
+    KIB,
+    MIB,
+    KVTokenBytes,
+    Parallelism,
+    ReplayRingBytes,
+    StateSlotBytes,
+    check_ring_len,
+    kv_pool_bytes,
+    kv_token_bytes,
+    replay_ring_bytes,
+    state_slot_bytes,
+)
+from mamba_radix.capacity.models import (
+    PRESETS,
+    GQAAttention,
+    LinearAttention,
+    Mamba2Mixer,
+    MLAAttention,
+    ModelSpec,
+    load_model,
+    model_from_dict,
+)
+from mamba_radix.capacity.planner import (
+    Balance,
+    CheckpointCount,
+    DcpOption,
+    Plan,
+    RequestShape,
+    Workload,
+    WorkloadCheckpoints,
+    balance,
+    compare_dcp,
+    decode_checkpoint_positions,
+    decode_slots_in_use,
+    expected_checkpoints,
+    expected_workload_checkpoints,
+    plan,
+    prefill_checkpoint_positions,
+)
+from mamba_radix.capacity.sizing import (
+    MemoryBudget,
+    PoolResolution,
+    SizingInputs,
+    capped_message,
+    resolve_pools,
+)
+
+__all__ = [
+    "GIB",
+    "KIB",
+    "MIB",
+    "PRESETS",
+    "Balance",
+    "CheckpointCount",
+    "DcpOption",
+    "GQAAttention",
+    "KVTokenBytes",
+    "LinearAttention",
+    "MLAAttention",
+    "Mamba2Mixer",
+    "MemoryBudget",
+    "ModelSpec",
+    "Parallelism",
+    "Plan",
+    "PoolResolution",
+    "ReplayRingBytes",
+    "RequestShape",
+    "SizingInputs",
+    "StateSlotBytes",
+    "Workload",
+    "WorkloadCheckpoints",
+    "balance",
+    "capped_message",
+    "check_ring_len",
+    "compare_dcp",
+    "decode_checkpoint_positions",
+    "decode_slots_in_use",
+    "expected_checkpoints",
+    "expected_workload_checkpoints",
+    "kv_pool_bytes",
+    "kv_token_bytes",
+    "load_model",
+    "model_from_dict",
+    "plan",
+    "prefill_checkpoint_positions",
+    "replay_ring_bytes",
+    "resolve_pools",
+    "state_slot_bytes",
+]

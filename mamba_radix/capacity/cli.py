@@ -1,0 +1,298 @@
+"""The ``plan`` subcommand: flags (SGLang's names) and the printed report.
+
+``mamba_radix.cli`` mounts it as ``mamba-radix plan`` through :func:`add_plan_arguments` and
+:func:`run_plan`; ``python -m mamba_radix.capacity.cli`` runs it alone. Sizes are printed as SGLang's logs
+print them: ``GB`` is GiB (``1 << 30`` bytes), two decimals for pools and three for ReplaySSM rings; per-slot
+state in MB (MiB) to three significant digits and per-token KV in KB (KiB), as the seeds write them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from mamba_radix.capacity.memory import GIB, Parallelism, gib, kib, mib, torch_dtype_name
+from mamba_radix.capacity.models import PRESETS, load_model
+from mamba_radix.capacity.planner import Plan, Workload, decode_slots_in_use, plan
+from mamba_radix.capacity.sizing import DEFAULT_MAMBA_FULL_MEMORY_RATIO, MemoryBudget, SizingInputs
+from mamba_radix.config import STRATEGIES, CacheConfig
+from mamba_radix.errors import ConfigError, MambaRadixError
+
+__all__ = ["add_plan_arguments", "build_inputs", "build_workload", "format_plan", "main", "run_plan"]
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``plan`` flags (SGLang's names where SGLang has the flag) to ``parser``."""
+    m = parser.add_argument_group("model and parallelism")
+    m.add_argument("--model", required=True, help=f"preset ({', '.join(PRESETS)}) or a JSON model file")
+    m.add_argument("--tp-size", type=int, default=1)
+    m.add_argument("--dcp-size", type=int, default=1, help="decode context parallel size (shards KV tokens)")
+    m.add_argument(
+        "--context-length", type=int, default=None, help="model context length (SGLang's estimate)"
+    )
+
+    d = parser.add_argument_group("dtypes")
+    d.add_argument("--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, fp8_e4m3, fp8_e5m2")
+    d.add_argument(
+        "--mamba-ssm-dtype", default=None, help="float32, bfloat16, float16 (default: the model's)"
+    )
+    d.add_argument(
+        "--mamba-conv-dtype", default="bfloat16", help="SGLANG_MAMBA_CONV_DTYPE (default bfloat16)"
+    )
+
+    b = parser.add_argument_group("memory (per GPU; GB = GiB as in SGLang)")
+    b.add_argument("--memory-budget-gb", type=float, default=None, help="memory left for KV + state pools")
+    b.add_argument("--gpu-memory-gb", type=float, default=None, help="GPU memory (with --weights-gb)")
+    b.add_argument("--mem-fraction-static", type=float, default=0.9)
+    b.add_argument("--weights-gb", type=float, default=None, help="weights per GPU (with --gpu-memory-gb)")
+    b.add_argument("--mamba-full-memory-ratio", type=float, default=DEFAULT_MAMBA_FULL_MEMORY_RATIO)
+    b.add_argument("--max-mamba-cache-size", type=int, default=None, help="state slots (overrides the ratio)")
+    b.add_argument(
+        "--max-total-tokens", type=int, default=None, help="cap (or, without a budget, size) of KV"
+    )
+    b.add_argument("--max-running-requests", type=int, default=None)
+
+    c = parser.add_argument_group("cache and scheduling")
+    c.add_argument("--mamba-radix-cache-strategy", default="auto", choices=STRATEGIES)
+    c.add_argument("--disable-overlap-schedule", action="store_true")
+    c.add_argument("--skip-decode-lock", action="store_true", help="SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
+    c.add_argument("--disable-radix-cache", action="store_true")
+    c.add_argument("--page-size", type=int, default=1)
+    c.add_argument("--chunked-prefill-size", type=int, default=8192)
+    c.add_argument("--mamba-cache-chunk-size", type=int, default=64)
+    c.add_argument("--mamba-track-interval", type=int, default=256)
+    c.add_argument("--mamba-max-states-per-path", type=int, default=-1)
+
+    s = parser.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-num-draft-tokens", type=int, default=0, help="verify tokens per step")
+    s.add_argument("--enable-linear-replayssm-spec", action="store_true", help="allocate ReplaySSM rings")
+    s.add_argument("--linear-replayssm-cache-len", type=int, default=16, help="ring length L (power of two)")
+
+    w = parser.add_argument_group("workload (for the recommendation)")
+    w.add_argument("--input-len", type=int, default=None)
+    w.add_argument("--output-len", type=int, default=None)
+    w.add_argument("--random-range-ratio", type=float, default=1.0, help="bench_serving's range ratio")
+    w.add_argument("--trace", default=None, help="JSONL trace (Mooncake block format); lengths only")
+    w.add_argument("--concurrency", type=int, default=None, help="target running requests")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def build_inputs(args: argparse.Namespace) -> SizingInputs:
+    """Turn parsed flags into validated :class:`SizingInputs` (raises ConfigError)."""
+    model = load_model(args.model)
+    cache = CacheConfig(
+        page_size=args.page_size,
+        mamba_radix_cache_strategy=args.mamba_radix_cache_strategy,
+        disable_overlap_schedule=args.disable_overlap_schedule,
+        mamba_track_interval=args.mamba_track_interval,
+        mamba_cache_chunk_size=args.mamba_cache_chunk_size,
+        mamba_max_states_per_path=args.mamba_max_states_per_path,
+        chunked_prefill_size=args.chunked_prefill_size,
+        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+        skip_decode_lock=args.skip_decode_lock,
+        disable_radix_cache=args.disable_radix_cache,
+    )
+    budget = None
+    if args.memory_budget_gb is not None:
+        if args.gpu_memory_gb is not None:
+            raise ConfigError("give either --memory-budget-gb or --gpu-memory-gb with --weights-gb, not both")
+        budget = MemoryBudget(args.memory_budget_gb)
+    elif args.gpu_memory_gb is not None:
+        if args.weights_gb is None:
+            raise ConfigError("--gpu-memory-gb needs --weights-gb (the weights each GPU holds)")
+        budget = MemoryBudget.from_gpu(args.gpu_memory_gb, args.mem_fraction_static, args.weights_gb)
+    return SizingInputs(
+        model=model,
+        parallelism=Parallelism(args.tp_size, args.dcp_size),
+        cache=cache,
+        kv_cache_dtype=args.kv_cache_dtype,
+        mamba_ssm_dtype=args.mamba_ssm_dtype,
+        mamba_conv_dtype=args.mamba_conv_dtype,
+        enable_linear_replayssm_spec=args.enable_linear_replayssm_spec,
+        linear_replayssm_cache_len=args.linear_replayssm_cache_len,
+        budget=budget,
+        mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+        max_mamba_cache_size=args.max_mamba_cache_size,
+        max_total_tokens=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        context_len=args.context_length,
+    )
+
+
+def build_workload(args: argparse.Namespace) -> Workload | None:
+    """The workload from ``--trace`` or ``--input-len``/``--output-len``; None when neither is given."""
+    if args.trace is not None:
+        if args.input_len is not None or args.output_len is not None:
+            raise ConfigError("give either --trace or --input-len/--output-len, not both")
+        return Workload.from_trace(args.trace)
+    if args.input_len is None and args.output_len is None:
+        return None
+    if args.input_len is None or args.output_len is None:
+        raise ConfigError("a length workload needs both --input-len and --output-len")
+    return Workload.random_range(args.input_len, args.output_len, args.random_range_ratio)
+
+
+def _mb(num_bytes: int) -> str:
+    return f"{mib(num_bytes):.3g} MB"
+
+
+def format_plan(p: Plan) -> str:
+    """The human-readable report (pool lines in SGLang's log format)."""
+    r = p.resolution
+    i = r.inputs
+    model, cache = i.model, i.cache
+    lines: list[str] = []
+    add = lines.append
+    overlap = "on" if cache.overlap else "off"
+    add(
+        f"{model.name}: {model.num_layers} layers = {model.num_linear_layers} {model.linear.kind} + "
+        f"{model.num_full_layers} {model.full_attention.kind}; TP {i.parallelism.tp_size}, DCP {i.parallelism.dcp_size}; "
+        f"strategy {cache.strategy} (overlap {overlap})"
+    )
+    add("")
+    add("per GPU")
+    kv = r.kv
+    per_token = float(kv.bytes_per_token)
+    add(
+        f"  KV per token        {kib(per_token):g} KB ({kv.dtype}: {kv.num_full_layers} layers x "
+        f"{kv.elements_per_layer} elements x {kv.element_bytes} B / DCP {kv.dcp_size})"
+    )
+    st = r.state
+    add(
+        f"  state per slot      conv {_mb(st.conv_bytes)} {list(st.conv_shape)} {st.conv_dtype} + "
+        f"ssm {_mb(st.temporal_bytes)} {list(st.temporal_shape)} {st.ssm_dtype}, x {st.num_linear_layers} layers"
+    )
+    if r.rings is not None:
+        add(f"  rings per slot      {mib(r.rings.slot_bytes):.3f} MB (L={r.rings.cache_len})")
+    add(f"  bytes per slot      {r.bytes_per_slot:,} (SGLang's mamba_cache_per_req)")
+    add("")
+    add("pools (SGLang log lines)")
+    if i.budget is not None:
+        add(f"  budget {i.budget.rest_gib:.2f} GB, --mamba-full-memory-ratio {i.mamba_full_memory_ratio:g}")
+    add(
+        f"  Mamba Cache is allocated. max_mamba_cache_size: {r.num_slots}, "
+        f"conv_state size: {gib(st.pool_conv_bytes(r.num_slots)):.2f}GB, "
+        f"ssm_state size: {gib(st.pool_temporal_bytes(r.num_slots)):.2f}GB"
+    )
+    if r.rings is not None:
+        rings = ", ".join(f"{n}={gib(r.rings.pool_bytes(n, r.num_slots)):.3f}GB" for n in ("d", "k", "g"))
+        rest = ", ".join(
+            f"{n}={gib(r.rings.pool_bytes(n, r.num_slots)):.3f}GB" for n in ("rawv", "rawk", "beta")
+        )
+        add(f"  GDN ReplaySSM ring buffers allocated (L={r.rings.cache_len}): {rings} {rest}")
+    if r.intermediate_bytes:
+        add(f"  speculative intermediate states: {gib(r.intermediate_bytes):.2f}GB")
+    if r.num_tokens is not None and r.kv_pool_bytes is not None:
+        rows = "" if kv.dcp_size == 1 else f" ({r.kv_rows} rows per GPU)"
+        add(
+            f"  KV Cache is allocated. dtype: {torch_dtype_name(kv.dtype)}, #tokens: {r.num_tokens}, "
+            f"KV size: {gib(r.kv_pool_bytes):.2f} GB{rows}"
+        )
+    else:
+        add("  KV Cache: unknown (give a memory budget or --max-total-tokens)")
+    add("")
+    add("concurrency")
+    add(
+        f"  slots per request   {r.slots_per_request} ({cache.strategy}"
+        f"{', skip-decode-lock' if cache.skip_decode_lock else ''}); "
+        f"{decode_slots_in_use(cache)} in use while decoding"
+    )
+    limits = ", ".join(f"{name} {value}" for name, value in r.limits.items())
+    add(f"  max_running_requests {r.max_running_requests}, bound by the {r.binding} ({limits})")
+    add(f"  state usage at max_running_requests: {p.state_usage_at_max_running:.2f}")
+    if r.message:
+        add(f"  {r.message}")
+    if p.workload is not None:
+        _format_workload(p, add)
+    return "\n".join(lines)
+
+
+def _format_workload(p: Plan, add: Callable[[str], None]) -> None:
+    r = p.resolution
+    w, counts, b = p.workload, p.checkpoints, p.balance
+    assert w is not None and counts is not None and b is not None
+    add("")
+    add(
+        f"workload {w.source} ({len(w.requests)} shape(s), mean in {w.mean_input_len:.0f} / out {w.mean_output_len:.0f})"
+    )
+    if p.per_request is not None:
+        c = p.per_request
+        add(
+            f"  checkpoints/request prefill {c.prefill} + decode {c.decode} taken; kept {c.kept} "
+            f"(seed bound in // chunk + 2 = {c.seed_bound})"
+        )
+    else:
+        add(
+            f"  checkpoints/request mean taken {counts.mean_taken:.2f}, kept {counts.mean_kept:.2f} (max {counts.max_kept})"
+        )
+    if p.kv_usage_at_max_running is not None:
+        add(
+            f"  at {r.max_running_requests} running: full token usage <= {p.kv_usage_at_max_running:.2f}, "
+            f"mamba usage {p.state_usage_at_max_running:.2f}"
+        )
+        running = min(r.max_running_requests, p.workload_kv_limit or r.max_running_requests)
+        add(
+            f"  this workload runs {running} at once: KV holds {p.workload_kv_limit}, state admits "
+            f"{r.max_running_requests}; bound by the {p.workload_binding}"
+        )
+    add(f"recommendation at {b.concurrency} running requests")
+    add(
+        f"  admission only      --mamba-full-memory-ratio {b.ratio_admission:.3f}  "
+        f"--max-mamba-cache-size {b.slots_admission}"
+    )
+    add(
+        f"  keep checkpoints    --mamba-full-memory-ratio {b.ratio_with_checkpoints:.3f}  "
+        f"--max-mamba-cache-size {b.slots_with_checkpoints}"
+    )
+    add(f"  KV tokens needed    {b.kv_tokens}")
+    if p.max_concurrency_admission is not None:
+        memory = r.rest_bytes / GIB if r.rest_bytes else 0.0
+        add(
+            f"  in {memory:.2f} GB a balanced split runs {p.max_concurrency_admission} requests "
+            f"({p.max_concurrency_with_checkpoints} keeping their checkpoints)"
+        )
+    if len(p.dcp_options) > 1:
+        add(f"TP {r.inputs.parallelism.tp_size} vs DCP")
+        add("  dcp  KV/token/GPU  ratio(admission)  ratio(checkpoints)  max running")
+        for o in p.dcp_options:
+            running = "-" if o.max_concurrency is None else str(o.max_concurrency)
+            add(
+                f"  {o.dcp_size:>3}  {kib(o.kv_bytes_per_token):>9.3g} KB  {o.ratio_admission:>16.3f}  "
+                f"{o.ratio_with_checkpoints:>18.3f}  {running:>11}"
+            )
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Run ``plan`` on parsed flags: print the table (or JSON with ``--json``); 0 on success.
+
+    Bad input raises :class:`~mamba_radix.errors.ConfigError` (the caller prints one line, exits 2).
+    """
+    inputs = build_inputs(args)
+    workload = build_workload(args)
+    result = plan(inputs, workload, args.concurrency)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_plan(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry: ``python -m mamba_radix.capacity.cli --model kimi-k3 ...``."""
+    parser = argparse.ArgumentParser(
+        prog="mamba-radix plan",
+        description="Size the full-KV and state pools of a hybrid model as SGLang does, and recommend a split.",
+    )
+    add_plan_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_plan(args)
+    except MambaRadixError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Pool sizing as SGLang resolves it (``kv_cache_configurator.py``; reference §6.4).
+
+From a per-GPU memory budget (SGLang's ``total_rest_memory``: what is left after weights and activations)
+and ``--mamba-full-memory-ratio``, or from an explicit ``--max-mamba-cache-size``, :func:`resolve_pools`
+derives, in SGLang's order:
+
+1. the state slots: ``budget = rest * r / (1 + r)``, ``max_mamba_cache_size = budget // bytes_per_slot``
+   (a slot's bytes include the ReplaySSM rings when they are on; plain speculative decoding also reserves
+   ``D`` intermediate states per running request, solved jointly as ``budget // (slot * (1 + D / ratio))``);
+2. the KV tokens from what is left: ``(rest - slots * bytes_per_slot) // bytes_per_token``, page-aligned,
+   then capped by ``--max-total-tokens``;
+3. ``max_running_requests = min(requested or estimate, tokens // 2, slots // slots_per_request)``, where
+   the estimate is ``clamp(tokens / context_len * 512, 2048, 4096)`` and ``slots_per_request`` comes from
+   :attr:`CacheConfig.slots_per_request`. The state term usually binds; the result says which did.
+
+The allocated pools are one slot and one page larger than the sizes (padding sinks); the GB figures are
+those of the allocated pools, as SGLang's logs print them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mamba_radix.capacity.memory import (
+    GIB,
+    KVTokenBytes,
+    Parallelism,
+    ReplayRingBytes,
+    StateSlotBytes,
+    kv_pool_bytes,
+    kv_token_bytes,
+    replay_ring_bytes,
+    state_slot_bytes,
+)
+from mamba_radix.capacity.models import ModelSpec
+from mamba_radix.config import CacheConfig
+from mamba_radix.errors import ConfigError
+
+__all__ = [
+    "Binding",
+    "MemoryBudget",
+    "PoolResolution",
+    "SizingInputs",
+    "capped_message",
+    "resolve_pools",
+]
+
+Binding = Literal["mamba state cache", "full KV tokens", "--max-running-requests", "context-length estimate"]
+
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Memory for the KV and state pools on one GPU, in GiB (SGLang's "GB", ``1 << 30`` bytes).
+
+    SGLang profiles it as ``total * mem_fraction_static - weights - ...``; :meth:`from_gpu` is that estimate
+    without the profiler (activation and CUDA-graph memory sit in the ``1 - mem_fraction_static`` part).
+    """
+
+    rest_gib: float
+
+    def __post_init__(self) -> None:
+        if not self.rest_gib > 0:
+            raise ConfigError(f"--memory-budget-gb must be > 0 GiB, got {self.rest_gib!r}")
+
+    @property
+    def rest_bytes(self) -> int:
+        return int(self.rest_gib * GIB)
+
+    @classmethod
+    def from_gpu(cls, gpu_memory_gib: float, mem_fraction_static: float, weights_gib: float) -> MemoryBudget:
+        if not 0 < mem_fraction_static <= 1:
+            raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {mem_fraction_static!r}")
+        if gpu_memory_gib <= 0 or weights_gib < 0:
+            raise ConfigError(
+                f"--gpu-memory-gb must be > 0 and --weights-gb >= 0, got {gpu_memory_gib!r} and {weights_gib!r}"
+            )
+        rest = gpu_memory_gib * mem_fraction_static - weights_gib
+        if rest <= 0:
+            raise ConfigError(
+                f"no memory left for the caches: {gpu_memory_gib} GB x {mem_fraction_static} - {weights_gib} GB "
+                "of weights <= 0; raise --mem-fraction-static or shard the weights over more GPUs (--tp-size)"
+            )
+        return cls(rest_gib=rest)
+
+
+@dataclass(frozen=True)
+class SizingInputs:
+    """Everything SGLang's pool sizing depends on, under SGLang's flag names."""
+
+    model: ModelSpec
+    parallelism: Parallelism
+    cache: CacheConfig
+    kv_cache_dtype: str = "auto"
+    mamba_ssm_dtype: str | None = None
+    mamba_conv_dtype: str = "bfloat16"
+    enable_linear_replayssm_spec: bool = False
+    linear_replayssm_cache_len: int = 16
+    budget: MemoryBudget | None = None
+    mamba_full_memory_ratio: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO
+    max_mamba_cache_size: int | None = None
+    max_total_tokens: int | None = None
+    max_running_requests: int | None = None
+    context_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.mamba_full_memory_ratio > 0:
+            raise ConfigError(
+                f"--mamba-full-memory-ratio must be > 0 (state : full KV bytes), got {self.mamba_full_memory_ratio!r}"
+            )
+        for flag, value in (
+            ("--max-mamba-cache-size", self.max_mamba_cache_size),
+            ("--max-total-tokens", self.max_total_tokens),
+            ("--max-running-requests", self.max_running_requests),
+            ("--context-length", self.context_len),
+        ):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+        if self.budget is None and self.max_mamba_cache_size is None:
+            raise ConfigError(
+                "nothing to size from: give a memory budget (--memory-budget-gb, or --gpu-memory-gb with "
+                "--weights-gb) or --max-mamba-cache-size"
+            )
+
+    @property
+    def verify_tokens(self) -> int | None:
+        n = self.cache.speculative_num_draft_tokens
+        return n if n > 0 else None
+
+    @property
+    def reserves_intermediate_states(self) -> bool:
+        """Plain speculative decoding keeps D intermediate states per running request; ReplaySSM replaces
+        them with its rings (it records inputs and replays the accepted prefix instead)."""
+        return self.verify_tokens is not None and not self.enable_linear_replayssm_spec
+
+
+@dataclass(frozen=True)
+class PoolResolution:
+    """The resolved pools of one GPU and the concurrency they allow."""
+
+    inputs: SizingInputs
+    kv: KVTokenBytes
+    state: StateSlotBytes
+    rings: ReplayRingBytes | None
+    num_slots: int  # max_mamba_cache_size (usable slots; one more is allocated)
+    num_tokens: int | None  # logical KV tokens (x dcp_size local rows); None without a budget or cap
+    intermediate_bytes: int  # speculative intermediate states reserved out of the budget
+    max_running_requests: int
+    binding: Binding
+    limits: dict[str, int]  # each candidate limit of max_running_requests
+
+    @property
+    def slots_per_request(self) -> int:
+        return self.inputs.cache.slots_per_request
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """SGLang's ``mamba_cache_per_req``: conv + temporal (+ rings) of one slot on one GPU."""
+        return self.state.slot_bytes + (self.rings.slot_bytes if self.rings else 0)
+
+    @property
+    def state_pool_bytes(self) -> int:
+        return (self.num_slots + 1) * self.bytes_per_slot
+
+    @property
+    def rest_bytes(self) -> int | None:
+        """Bytes the two pools may use on one GPU: the budget, or, without one, what the resolved pools
+        occupy in SGLang's accounting (``slots * bytes_per_slot + rows * row_bytes``)."""
+        if self.inputs.budget is not None:
+            return self.inputs.budget.rest_bytes
+        if self.kv_rows is None:
+            return None
+        return (
+            self.num_slots * self.bytes_per_slot + self.intermediate_bytes + self.kv_rows * self.kv.row_bytes
+        )
+
+    @property
+    def kv_rows(self) -> int | None:
+        if self.num_tokens is None:
+            return None
+        return self.num_tokens // self.kv.dcp_size
+
+    @property
+    def kv_pool_bytes(self) -> int | None:
+        rows = self.kv_rows
+        return None if rows is None else kv_pool_bytes(self.kv, rows, self.inputs.cache.page_size)
+
+    @property
+    def state_capped(self) -> bool:
+        return self.binding == "mamba state cache"
+
+    @property
+    def message(self) -> str | None:
+        """SGLang's warning when the state pool caps concurrency (seed 001 §5.1), else None."""
+        if not self.state_capped:
+            return None
+        return capped_message(
+            self.max_running_requests, self.num_slots, self.slots_per_request, self.state.ssm_dtype
+        )
+
+
+def capped_message(max_running_requests: int, num_slots: int, slots_per_request: int, ssm_dtype: str) -> str:
+    """The seed's line: "max_running_requests is capped to 16 by the mamba state cache
+    (max_mamba_cache_size=80, 5 state slots per request). To raise it: ..."; the last hint is SGLang's
+    (halve the state with bf16) when the SSM state is fp32, and the skip-decode-lock reservation otherwise,
+    since a 16-bit state cannot be halved that way again."""
+    head = (
+        f"max_running_requests is capped to {max_running_requests} by the mamba state cache "
+        f"(max_mamba_cache_size={num_slots}, {slots_per_request} state slots per request)."
+    )
+    if ssm_dtype == "float32":
+        last = "or halve the state size with --mamba-ssm-dtype bfloat16."
+    else:
+        last = "or reserve one slot less per request with SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1."
+    return f"{head} To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, {last}"
+
+
+def resolve_pools(inputs: SizingInputs) -> PoolResolution:
+    """Resolve slots, tokens and ``max_running_requests`` for one GPU as SGLang does (module docstring)."""
+    model, par, cache = inputs.model, inputs.parallelism, inputs.cache
+    state = state_slot_bytes(model, par, inputs.mamba_ssm_dtype, inputs.mamba_conv_dtype)
+    kv = kv_token_bytes(model, par, inputs.kv_cache_dtype)
+    rings = (
+        replay_ring_bytes(
+            model, par, inputs.linear_replayssm_cache_len, inputs.verify_tokens, inputs.mamba_conv_dtype
+        )
+        if inputs.enable_linear_replayssm_spec
+        else None
+    )
+    per_slot = state.slot_bytes + (rings.slot_bytes if rings else 0)
+    ratio = cache.slots_per_request
+    draft = inputs.verify_tokens or 0
+
+    # 1. slots
+    rest_bytes = inputs.budget.rest_bytes if inputs.budget else None
+    if inputs.max_mamba_cache_size is not None:
+        num_slots = inputs.max_mamba_cache_size
+    else:
+        assert rest_bytes is not None
+        r = inputs.mamba_full_memory_ratio
+        state_budget = rest_bytes * r / (1 + r)
+        if inputs.reserves_intermediate_states:
+            num_slots = int(state_budget // (per_slot * (1 + draft / ratio)))
+        else:
+            num_slots = int(state_budget // per_slot)
+    if num_slots <= 0:
+        raise ConfigError(
+            f"not enough memory for the state cache: max_mamba_cache_size={num_slots} "
+            f"({per_slot / (1 << 20):.2f} MB per slot); raise --memory-budget-gb or --mamba-full-memory-ratio, "
+            "or use --mamba-ssm-dtype bfloat16"
+        )
+    intermediate = 0
+    if inputs.reserves_intermediate_states:
+        requested = (
+            inputs.max_running_requests if inputs.max_running_requests is not None else num_slots // ratio
+        )
+        intermediate = per_slot * min(requested, num_slots // ratio) * draft
+
+    # 2. tokens
+    num_tokens: int | None = None
+    if rest_bytes is not None:
+        left = rest_bytes - intermediate - num_slots * per_slot
+        if left <= 0:
+            raise ConfigError(
+                f"the state cache ({num_slots} slots) leaves no memory for full KV; lower "
+                "--max-mamba-cache-size or --mamba-full-memory-ratio, or raise --memory-budget-gb"
+            )
+        rows = left // kv.row_bytes
+        rows = rows // cache.page_size * cache.page_size
+        num_tokens = rows * kv.dcp_size
+    if inputs.max_total_tokens is not None:
+        num_tokens = (
+            inputs.max_total_tokens if num_tokens is None else min(num_tokens, inputs.max_total_tokens)
+        )
+
+    # 3. max_running_requests
+    limits: dict[str, int] = {}
+    if inputs.max_running_requests is not None:
+        limits["--max-running-requests"] = inputs.max_running_requests
+    elif num_tokens is not None:
+        context_len = inputs.context_len or model.context_len
+        limits["context-length estimate"] = max(min(int(num_tokens / context_len * 512), 4096), 2048)
+    if num_tokens is not None:
+        limits["full KV tokens"] = num_tokens // 2
+    limits["mamba state cache"] = num_slots // ratio
+    # The state pool "caps" concurrency (SGLang's warning) only when its limit is strictly the lowest.
+    others = {name: value for name, value in limits.items() if name != "mamba state cache"}
+    if not others or limits["mamba state cache"] < min(others.values()):
+        binding = "mamba state cache"
+    else:
+        binding = min(others, key=lambda name: others[name])
+    max_running = limits[binding]
+    if max_running <= 0:
+        raise ConfigError(
+            f"the state cache is too small to serve any request: max_mamba_cache_size={num_slots}, "
+            f"{ratio} slots per request; raise --max-mamba-cache-size or --mamba-full-memory-ratio"
+        )
+    return PoolResolution(
+        inputs=inputs,
+        kv=kv,
+        state=state,
+        rings=rings,
+        num_slots=num_slots,
+        num_tokens=num_tokens,
+        intermediate_bytes=intermediate,
+        max_running_requests=max_running,
+        binding=binding,  # type: ignore[arg-type]
+        limits=limits,
+    )
