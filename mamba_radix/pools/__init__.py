@@ -1,1 +1,33 @@
-"""Memory pools."""
+"""Memory pools: the request table, KV index allocators, KV storage and the recurrent-state pool.
+
+Semantics follow SGLang's ``mem_cache`` pools (seed 003, ``reference/sglang-semantics.md`` §6); the
+contracts are in ``docs/architecture.md``. Every pool works on a chosen torch device, reports
+``available_size()`` / ``used`` / ``size``, returns ``None`` on over-allocation, and raises a typed error
+(:class:`~mamba_radix.errors.InvalidIndex`, :class:`~mamba_radix.errors.InvalidArgument`) without changing
+anything on misuse.
+"""
+
+from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
+from mamba_radix.pools.kv_storage import (
+    HybridLinearKVPool,
+    LinearLayerCache,
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+)
+from mamba_radix.pools.mamba_pool import MambaPool
+from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator, get_last_loc
+from mamba_radix.pools.req_to_token import ReqToTokenPool
+from mamba_radix.pools.token_allocator import TokenToKVPoolAllocator
+
+__all__ = [
+    "HybridLinearKVPool",
+    "HybridReqToTokenPool",
+    "LinearLayerCache",
+    "MHATokenToKVPool",
+    "MLATokenToKVPool",
+    "MambaPool",
+    "PagedTokenToKVPoolAllocator",
+    "ReqToTokenPool",
+    "TokenToKVPoolAllocator",
+    "get_last_loc",
+]

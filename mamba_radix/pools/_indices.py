@@ -1,0 +1,134 @@
+"""Argument checks shared by the pools: index tensors, devices, and membership tests.
+
+Every check here is vectorised and costs O(k) in the number of indices checked, never O(pool size).
+A failed check raises before the caller has changed anything, so a refused call leaves the pool as it was.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+
+from mamba_radix.errors import InvalidArgument, InvalidIndex
+
+__all__ = [
+    "IndexLike",
+    "as_index_tensor",
+    "check_allocated",
+    "check_count",
+    "check_in_range",
+    "check_no_duplicates",
+    "check_size",
+    "resolve_device",
+]
+
+IndexLike = torch.Tensor | int | Sequence[int]
+
+_INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def check_count(value: object, what: str) -> int:
+    """``value`` as a non-negative int, or :class:`InvalidArgument` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
+def check_size(value: object, what: str) -> int:
+    """``value`` as a positive int, or :class:`InvalidArgument` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device` with an explicit index for CUDA (``cuda`` -> ``cuda:N``)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def as_index_tensor(values: IndexLike, device: torch.device, what: str) -> torch.Tensor:
+    """``values`` as a 1-D int64 tensor on ``device``.
+
+    Python ints and sequences of ints are converted. A tensor must already be on ``device`` (moving it
+    silently would hide a host/device mix-up and cost a copy) and have an integer dtype; 0-d tensors are
+    taken as one index. Raises :class:`InvalidArgument` naming ``what`` otherwise.
+    """
+    if isinstance(values, torch.Tensor):
+        if values.dtype not in _INTEGER_DTYPES:
+            raise InvalidArgument(
+                f"{what} must be an integer tensor (int32 or int64), got dtype {values.dtype}"
+            )
+        if values.device != device:
+            raise InvalidArgument(
+                f"{what} is on {values.device} but the pool lives on {device}; move it first"
+            )
+        if values.dim() > 1:
+            raise InvalidArgument(f"{what} must be 1-D, got shape {tuple(values.shape)}")
+        return values.reshape(-1).to(torch.int64)
+    if isinstance(values, bool):
+        raise InvalidArgument(f"{what} must be an int, a sequence of ints or a tensor, got {values!r}")
+    if isinstance(values, int):
+        return torch.tensor([values], dtype=torch.int64, device=device)
+    try:
+        items = list(values)
+    except TypeError as exc:
+        raise InvalidArgument(
+            f"{what} must be an int, a sequence of ints or a tensor, got {values!r}"
+        ) from exc
+    ints = []
+    for v in items:
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            ints.append(operator.index(v))
+        except TypeError as exc:
+            raise InvalidArgument(f"{what} must hold ints, got {v!r} in {values!r}") from exc
+    return torch.tensor(ints, dtype=torch.int64, device=device)
+
+
+def check_in_range(indices: torch.Tensor, low: int, high: int, what: str) -> None:
+    """Raise :class:`InvalidIndex` unless every index lies in ``[low, high]``; 0 is named as padding."""
+    if indices.numel() == 0:
+        return
+    bad = (indices < low) | (indices > high)
+    if bool(bad.any()):
+        value = int(indices[bad][0])
+        if value == 0 and low == 1:
+            raise InvalidIndex(f"{what} 0 is the padding entry and is never allocated or freed")
+        raise InvalidIndex(f"{what} {value} is out of range; valid values are {low}..{high}")
+
+
+def check_allocated(allocated: torch.Tensor, indices: torch.Tensor, what: str) -> None:
+    """Raise :class:`InvalidIndex` unless ``allocated[i]`` holds for every index (already range-checked)."""
+    if indices.numel() == 0:
+        return
+    missing = ~allocated[indices]
+    if bool(missing.any()):
+        value = int(indices[missing][0])
+        raise InvalidIndex(
+            f"{what} {value} is not allocated (a double free, or an index never handed out); "
+            f"pass only values returned by alloc and not freed since"
+        )
+
+
+def check_no_duplicates(scratch: torch.Tensor, indices: torch.Tensor, what: str) -> None:
+    """Raise :class:`InvalidIndex` if an index occurs twice in ``indices``. O(k), no sort.
+
+    ``scratch`` is an int32 tensor as long as the index space, owned by the pool; its contents are
+    meaningless between calls. Each position writes its own rank; where two positions carry the same index
+    only one write survives, so the other position reads back a rank that is not its own.
+    """
+    k = indices.numel()
+    if k < 2:
+        return
+    ranks = torch.arange(k, dtype=scratch.dtype, device=indices.device)
+    scratch[indices] = ranks
+    clash = scratch[indices] != ranks
+    if bool(clash.any()):
+        value = int(indices[clash][0])
+        raise InvalidIndex(f"{what} {value} occurs twice in one call (a double free); pass each value once")

@@ -1,0 +1,201 @@
+"""Recurrent-state slots of the linear-attention layers (``reference/sglang-semantics.md`` §6.1).
+
+One slot holds, for every linear layer, each conv window (``conv[j][layer, slot]``, several conv tensors
+for models with separate q/k/v convs) and the temporal/SSM state (``temporal[layer, slot]``). Slot 0 is
+the padding sink that padded batch entries read and write. Conv and temporal tensors may each have their
+own dtype (bf16 conv with fp32 SSM state is typical).
+
+State movement between slots goes through :mod:`mamba_radix.state_ops` (Triton on CUDA, torch
+otherwise); this pool validates its slot arguments first, so a refused call writes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from mamba_radix import state_ops
+from mamba_radix.errors import InvalidArgument
+from mamba_radix.pools._indices import (
+    IndexLike,
+    as_index_tensor,
+    check_count,
+    check_size,
+    resolve_device,
+)
+from mamba_radix.pools.free_list import FreeList
+
+__all__ = ["MambaPool"]
+
+
+def _check_shape(shape: object, what: str) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list)) or not shape:
+        raise InvalidArgument(f"{what} must be a non-empty tuple of positive ints, got {shape!r}")
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise InvalidArgument(f"{what} must be a non-empty tuple of positive ints, got {shape!r}")
+    return tuple(shape)
+
+
+def _check_dtype(dtype: object, what: str) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidArgument(f"{what} must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+    return dtype
+
+
+class MambaPool:
+    """``size`` state slots (``1..size``) of ``num_layers`` linear layers on ``device``.
+
+    ``conv[j]`` is ``[num_layers, size + 1, *conv_shapes[j]]`` in ``conv_dtypes[j]``; ``temporal`` is
+    ``[num_layers, size + 1, *temporal_shape]`` in ``temporal_dtype``. ``bytes_per_slot`` is exact: the
+    bytes one slot occupies over all layers, conv and temporal (``conv_bytes_per_slot`` +
+    ``temporal_bytes_per_slot``). Slot handling is O(k) per call; the free list never sorts.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        conv_shapes: Sequence[tuple[int, ...]],
+        temporal_shape: tuple[int, ...],
+        conv_dtypes: torch.dtype | Sequence[torch.dtype] = torch.bfloat16,
+        temporal_dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.size = check_size(size, "size")
+        self.num_layers = check_size(num_layers, "num_layers")
+        self.device = resolve_device(device)
+        if not isinstance(conv_shapes, (list, tuple)) or not conv_shapes:
+            raise InvalidArgument(f"conv_shapes must be a non-empty list of shapes, got {conv_shapes!r}")
+        self.conv_shapes = [_check_shape(s, f"conv_shapes[{j}]") for j, s in enumerate(conv_shapes)]
+        self.temporal_shape = _check_shape(temporal_shape, "temporal_shape")
+        if isinstance(conv_dtypes, torch.dtype):
+            conv_dtypes = [conv_dtypes] * len(self.conv_shapes)
+        if len(conv_dtypes) != len(self.conv_shapes):
+            raise InvalidArgument(
+                f"conv_dtypes has {len(conv_dtypes)} entries but conv_shapes has {len(self.conv_shapes)}; "
+                "give one dtype per conv tensor, or a single dtype for all"
+            )
+        self.conv_dtypes = [_check_dtype(d, f"conv_dtypes[{j}]") for j, d in enumerate(conv_dtypes)]
+        self.temporal_dtype = _check_dtype(temporal_dtype, "temporal_dtype")
+
+        rows = self.size + 1  # + the padding sink, slot 0
+        self.conv: list[torch.Tensor] = [
+            torch.zeros((self.num_layers, rows, *shape), dtype=dtype, device=self.device)
+            for shape, dtype in zip(self.conv_shapes, self.conv_dtypes, strict=True)
+        ]
+        self.temporal = torch.zeros(
+            (self.num_layers, rows, *self.temporal_shape), dtype=self.temporal_dtype, device=self.device
+        )
+        item = lambda dtype: torch.empty(0, dtype=dtype).element_size()  # noqa: E731
+        self.conv_bytes_per_slot = self.num_layers * sum(
+            math.prod(shape) * item(dtype)
+            for shape, dtype in zip(self.conv_shapes, self.conv_dtypes, strict=True)
+        )
+        self.temporal_bytes_per_slot = (
+            self.num_layers * math.prod(self.temporal_shape) * item(self.temporal_dtype)
+        )
+        self.bytes_per_slot = self.conv_bytes_per_slot + self.temporal_bytes_per_slot
+        self._free_list = FreeList(self.size, self.device, need_sort=False, what="state slot")
+
+    # ----------------------------------------------------------------------------------------- sizes
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """``[*conv, temporal]``: the list every :mod:`mamba_radix.state_ops` function takes."""
+        return [*self.conv, self.temporal]
+
+    def available_size(self) -> int:
+        """Free slots. O(1)."""
+        return self._free_list.available
+
+    @property
+    def used(self) -> int:
+        """Allocated slots."""
+        return self.size - self._free_list.available
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every state tensor, padding slot included."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    # ------------------------------------------------------------------------------------- alloc/free
+    def alloc(self, num_slots: int) -> torch.Tensor | None:
+        """``num_slots`` free slots (int64 tensor), or ``None`` and nothing taken. Contents are stale:
+        clear them if the request starts from an empty state. O(num_slots)."""
+        check_count(num_slots, "num_slots")
+        return self._free_list.alloc(num_slots)
+
+    def free(self, slots: IndexLike) -> None:
+        """Return slots. Raises :class:`~mamba_radix.errors.InvalidIndex` and frees nothing for slot 0,
+        out-of-range, unallocated or repeated slots. O(k)."""
+        self._free_list.free(as_index_tensor(slots, self.device, "state slot"))
+
+    def check_allocated(self, slots: IndexLike) -> torch.Tensor:
+        """``slots`` as an int64 tensor; raises :class:`~mamba_radix.errors.InvalidIndex` unless every
+        slot is in range and allocated. O(k)."""
+        idx = as_index_tensor(slots, self.device, "state slot")
+        self._free_list.check_allocated(idx)
+        return idx
+
+    # ---------------------------------------------------------------------------------- state movement
+    def copy_from(self, src_slots: IndexLike, dst_slots: IndexLike) -> None:
+        """``state[dst[i]] = state[src[i]]`` over every layer, conv and temporal.
+
+        Both sides must be allocated, of equal length, ``dst`` without repeats. Side effect: overwrites
+        the destination slots. O(k * bytes_per_slot).
+        """
+        src = self.check_allocated(src_slots)
+        dst = self.check_allocated(dst_slots)
+        if src.numel() != dst.numel():
+            raise InvalidArgument(
+                f"copy_from got {src.numel()} source and {dst.numel()} destination slots; pass equal lengths"
+            )
+        self._free_list.check_unique(dst)
+        if dst.numel():
+            state_ops.copy_slots(self.tensors, src, dst)
+
+    def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
+        """Allocate ``num_slots`` slots holding copies of ``src_slot``, or ``None`` and nothing taken.
+
+        ``src_slot`` must be allocated. Side effect: allocates and writes the new slots.
+        """
+        check_count(num_slots, "num_slots")
+        src = self.check_allocated(src_slot)
+        if src.numel() != 1:
+            raise InvalidArgument(f"fork takes one source slot, got {src.numel()}")
+        dst = self._free_list.alloc(num_slots)
+        if dst is None or num_slots == 0:
+            return dst
+        state_ops.fork_slots(self.tensors, int(src[0]), dst)
+        return dst
+
+    def clear_slots(self, slots: IndexLike) -> None:
+        """Zero every layer's conv windows and temporal state of allocated ``slots``. O(k * bytes)."""
+        idx = self.check_allocated(slots)
+        if idx.numel() == 0:
+            return
+        for t in self.tensors:
+            t[:, idx] = 0
+
+    def clear(self, slots: IndexLike | None = None) -> None:
+        """With ``slots``: zero those slots (see :meth:`clear_slots`). Without: free every slot
+        (:meth:`reset`)."""
+        if slots is None:
+            self.reset()
+        else:
+            self.clear_slots(slots)
+
+    def reset(self) -> None:
+        """Free every slot; the contents stay (a new owner clears or overwrites them). O(size)."""
+        self._free_list.clear()
+
+    # ----------------------------------------------------------------------------------- inspection
+    def is_allocated(self, slots: IndexLike) -> torch.Tensor:
+        """Bool mask over ``slots``: allocated or not (0 and out-of-range read as not). O(k)."""
+        return self._free_list.is_allocated(as_index_tensor(slots, self.device, "state slot"))
+
+    def allocated_slots(self) -> torch.Tensor:
+        """Every allocated slot, ascending. O(size): for conservation checks."""
+        return self._free_list.allocated_ids()

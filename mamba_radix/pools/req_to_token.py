@@ -1,0 +1,132 @@
+"""The request table: one row of KV indices per running request (seed 003 §3).
+
+``req_to_token[row, pos]`` is the KV index of token ``pos`` of the request that holds ``row``. Row 0 is
+padding: a padded batch points its dummy entries there. Rows are few (about the number of running
+requests), so the free list is a Python stack and the allocation state a ``bytearray``: every call is
+O(rows it touches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.pools._indices import check_count, check_size, resolve_device
+
+__all__ = ["ReqToTokenPool"]
+
+_INT32_MAX = 2**31 - 1
+
+
+class ReqToTokenPool:
+    """``size`` request rows of ``max_context_len`` int32 KV indices each, on ``device``."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
+        self.size = check_size(size, "size")
+        self.max_context_len = check_size(max_context_len, "max_context_len")
+        self.device = resolve_device(device)
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=self.device)
+        self._row_allocated = bytearray(size + 1)
+        self._free_rows: list[int] = []
+        self._reset_rows()
+
+    def _reset_rows(self) -> None:
+        # A stack popped from the end: reversed so that a fresh pool hands out rows 1, 2, 3, ...
+        self._free_rows = list(range(self.size, 0, -1))
+        self._row_allocated = bytearray(self.size + 1)
+
+    # ----------------------------------------------------------------------------------------- sizes
+    def available_size(self) -> int:
+        """Free rows. O(1)."""
+        return len(self._free_rows)
+
+    @property
+    def used(self) -> int:
+        """Rows held by requests."""
+        return self.size - len(self._free_rows)
+
+    def is_row_allocated(self, row: int) -> bool:
+        """Whether ``row`` is currently held (False for 0 and out-of-range rows)."""
+        return 1 <= row <= self.size and bool(self._row_allocated[row])
+
+    # ------------------------------------------------------------------------------------- alloc/free
+    def alloc(self, num_reqs: int) -> list[int] | None:
+        """``num_reqs`` free rows, or ``None`` and nothing taken. O(num_reqs)."""
+        check_count(num_reqs, "num_reqs")
+        return self._take_rows(num_reqs)
+
+    def _take_rows(self, num_rows: int) -> list[int] | None:
+        if num_rows > len(self._free_rows):
+            return None
+        rows = self._free_rows[len(self._free_rows) - num_rows :][::-1]
+        del self._free_rows[len(self._free_rows) - num_rows :]
+        for row in rows:
+            self._row_allocated[row] = 1
+        return rows
+
+    def free(self, rows: int | Sequence[int]) -> None:
+        """Return rows to the pool. The table contents are left as they are (the next owner overwrites).
+
+        Raises :class:`InvalidIndex` and frees nothing if any row is 0, out of range, not held, or given
+        twice. O(len(rows)).
+        """
+        row_list = [rows] if isinstance(rows, int) else list(rows)
+        self._check_rows_held(row_list)
+        if len(set(row_list)) != len(row_list):
+            dup = next(r for r in row_list if row_list.count(r) > 1)
+            raise InvalidIndex(
+                f"request row {dup} occurs twice in one free (a double free); pass each row once"
+            )
+        self._release_rows(row_list)
+
+    def _release_rows(self, rows: list[int]) -> None:
+        for row in rows:
+            self._row_allocated[row] = 0
+        self._free_rows.extend(rows)
+
+    def _check_rows_held(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            if isinstance(row, bool) or not isinstance(row, int):
+                raise InvalidArgument(f"request rows must be ints, got {row!r}")
+            if row == 0:
+                raise InvalidIndex("request row 0 is the padding row and is never allocated or freed")
+            if not 1 <= row <= self.size:
+                raise InvalidIndex(f"request row {row} is out of range; valid rows are 1..{self.size}")
+            if not self._row_allocated[row]:
+                raise InvalidIndex(
+                    f"request row {row} is not allocated (a double free, or a row never handed out); "
+                    "free only rows returned by alloc"
+                )
+
+    # ------------------------------------------------------------------------------------------ write
+    def write(self, row: int, start: int, values: torch.Tensor) -> None:
+        """``req_to_token[row, start:start + len(values)] = values``. O(len(values)).
+
+        ``row`` must be held; ``values`` a 1-D integer tensor on the pool's device whose entries fit int32.
+        Raises :class:`InvalidIndex` / :class:`InvalidArgument` and writes nothing otherwise.
+        """
+        self._check_rows_held([row])
+        check_count(start, "start")
+        if not isinstance(values, torch.Tensor) or values.dtype not in (torch.int32, torch.int64):
+            got = values.dtype if isinstance(values, torch.Tensor) else type(values).__name__
+            raise InvalidArgument(f"values must be an int32 or int64 tensor, got {got}")
+        if values.dim() != 1:
+            raise InvalidArgument(f"values must be 1-D, got shape {tuple(values.shape)}")
+        if values.device != self.device:
+            raise InvalidArgument(f"values are on {values.device} but the pool lives on {self.device}")
+        end = start + values.numel()
+        if end > self.max_context_len:
+            raise InvalidArgument(
+                f"writing {values.numel()} entries at {start} ends at {end}, past max_context_len "
+                f"{self.max_context_len}; raise max_context_len or write a shorter span"
+            )
+        if values.dtype == torch.int64 and values.numel() and bool((values.abs() > _INT32_MAX).any()):
+            raise InvalidArgument("values must fit int32 (KV indices above 2**31-1 cannot be stored)")
+        self.req_to_token[row, start:end] = values.to(torch.int32)
+
+    def clear(self) -> None:
+        """Free every row and zero the table. O(size * max_context_len)."""
+        self._reset_rows()
+        self.req_to_token.zero_()

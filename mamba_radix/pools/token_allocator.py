@@ -1,0 +1,97 @@
+"""Token-granular KV index allocator (``page_size == 1``).
+
+Hands out rows of the KV storage (``MHATokenToKVPool`` and friends): KV indices ``1..size``, index 0
+being the padding row that dummy reads and writes of a padded batch land on. Semantics as SGLang's
+``TokenToKVPoolAllocator`` (seed 003 §4): ``alloc`` slices the head of a device free list or returns
+``None``; ``free`` parks indices in ``release_pages`` (``need_sort``) that are merged and sorted only when
+an ``alloc`` needs them; ``free_group_begin/end`` batch many frees into one concatenation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_count, check_size, resolve_device
+from mamba_radix.pools.free_list import FreeList
+
+__all__ = ["TokenToKVPoolAllocator"]
+
+
+class TokenToKVPoolAllocator:
+    """KV indices ``1..size`` of a token pool on ``device``.
+
+    ``available_size()`` counts free indices (merged or not); ``used`` counts allocated ones; they always
+    sum to ``size``. Every method is O(k) in the indices it takes or returns, except ``clear`` and
+    ``allocated_indices`` (O(size), not for hot paths).
+    """
+
+    page_size = 1
+
+    def __init__(self, size: int, device: str | torch.device = "cpu", need_sort: bool = True) -> None:
+        self.size = check_size(size, "size")
+        self.device = resolve_device(device)
+        self.need_sort = need_sort
+        self._free_list = FreeList(self.size, self.device, need_sort, "KV index")
+
+    # ----------------------------------------------------------------------------------------- sizes
+    def available_size(self) -> int:
+        """Free KV indices. O(1), no device sync."""
+        return self._free_list.available
+
+    @property
+    def used(self) -> int:
+        """Allocated KV indices."""
+        return self.size - self._free_list.available
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """The merged free list (its head is what ``alloc`` hands out next)."""
+        return self._free_list.free_pages
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """Freed indices not merged into the free list yet (a new tensor)."""
+        return self._free_list.release_pages
+
+    # ------------------------------------------------------------------------------------- alloc/free
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """``num_tokens`` free KV indices (int64, on the device), or ``None`` and nothing taken.
+
+        Side effects: marks them allocated; may merge released indices first. O(num_tokens) amortised.
+        """
+        check_count(num_tokens, "num_tokens")
+        return self._free_list.alloc(num_tokens)
+
+    def free(self, indices: IndexLike) -> None:
+        """Return KV indices to the pool (batched while a free group is open). O(k).
+
+        Raises :class:`~mamba_radix.errors.InvalidIndex` and changes nothing for index 0, an index out of
+        range, never allocated or already freed, or given twice; :class:`InvalidArgument` for a
+        non-integer tensor or one on another device.
+        """
+        self._free_list.free(as_index_tensor(indices, self.device, "KV index"))
+
+    def free_group_begin(self) -> None:
+        """Collect the following frees; :meth:`free_group_end` concatenates them once."""
+        self._free_list.free_group_begin()
+
+    def free_group_end(self) -> None:
+        """Close the free group opened by :meth:`free_group_begin`."""
+        self._free_list.free_group_end()
+
+    def merge_and_sort_free(self) -> None:
+        """Merge released indices into the free list now (sorted when ``need_sort``). O(free indices)."""
+        self._free_list.merge()
+
+    def clear(self) -> None:
+        """Free every index; the free list restarts as ``1..size``. O(size)."""
+        self._free_list.clear()
+
+    # ----------------------------------------------------------------------------------- inspection
+    def is_allocated(self, indices: torch.Tensor) -> torch.Tensor:
+        """Bool mask over ``indices``: allocated or not (0 and out-of-range read as not). O(k)."""
+        return self._free_list.is_allocated(as_index_tensor(indices, self.device, "KV index"))
+
+    def allocated_indices(self) -> torch.Tensor:
+        """Every allocated KV index, ascending. O(size): for conservation checks."""
+        return self._free_list.allocated_ids()
