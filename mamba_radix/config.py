@@ -160,7 +160,8 @@ class CacheConfig:
             if self.mamba_track_interval < self.speculative_num_draft_tokens:
                 raise ConfigError(
                     f"--mamba-track-interval ({self.mamba_track_interval}) must be >= "
-                    f"--speculative-num-draft-tokens ({self.speculative_num_draft_tokens}); raise the interval"
+                    f"--speculative-num-draft-tokens ({self.speculative_num_draft_tokens}); "
+                    "raise the interval"
                 )
             if self.mamba_track_interval % self.page_size != 0:
                 raise ConfigError(

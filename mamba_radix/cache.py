@@ -1,0 +1,543 @@
+"""`MambaRadixCache`: the radix tree composed with the pools. The only module that frees pool memory.
+
+The tree (:mod:`mamba_radix.tree`) decides what to keep and what to evict and returns what it released;
+this module returns it to the KV allocator and the state pool, allocates the slots a checkpoint needs
+(evicting when short), copies states (copy-on-write of a hit, no_buffer chunk ends) and runs the request
+lifecycle of each buffer strategy (``reference/sglang-semantics.md`` §4.7-4.8, §7).
+
+Region map of a running request (see :mod:`mamba_radix.request`)::
+
+    [0, cache_protected_len)          tree-owned KV, locked through req.last_node (its checkpoint is
+                                      mamba-locked); req_to_token holds the tree's indices there
+    [cache_protected_len, kv_len)     request-owned KV: inserted (and deduplicated) by
+                                      cache_unfinished_req, inserted or freed by cache_finished_req
+    live slot / ping-pong slots       request-owned states; a tracked ping-pong slot is donated to the
+                                      tree without a copy (extra_buffer), the live slot is copied at
+                                      chunk ends and donated at finish (no_buffer)
+
+Slot exhaustion never raises: a checkpoint that cannot get a slot even after eviction is skipped and
+counted in :attr:`MambaRadixCache.stats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+
+from mamba_radix import strategies
+from mamba_radix.config import CacheConfig
+from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.invariants import check_invariants
+from mamba_radix.node import TreeNode
+from mamba_radix.pools import (
+    HybridReqToTokenPool,
+    MambaPool,
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
+from mamba_radix.request import Req
+from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert
+
+__all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult"]
+
+
+class MatchResult(NamedTuple):
+    """What :meth:`MambaRadixCache.match_prefix` found."""
+
+    device_indices: torch.Tensor  # int64 KV indices of the usable hit, [0, hit_len)
+    last_node: TreeNode  # deepest node with a checkpoint on the matched path (root if none)
+    mamba_slot: int | None  # that node's checkpoint slot (None at the root)
+    full_kv_hit_len: int  # KV matched, possibly deeper than the usable hit
+    mamba_branching_seqlen: int | None  # full_kv_hit_len rounded down to the grid, if deeper than the hit
+
+
+class InsertResult(NamedTuple):
+    prefix_len: int  # tokens the tree held already
+    mamba_exists: bool  # the end node had a checkpoint: the caller's slot stays the caller's
+
+
+class EvictResult(NamedTuple):
+    num_tokens: int  # KV tokens freed (leaves and the tombstone cascade)
+    num_states: int  # checkpoints freed
+
+
+@dataclass
+class CacheStats:
+    """Counters since construction (or :meth:`reset`). Plain ints, for the simulator's metrics."""
+
+    matches: int = 0
+    hit_tokens: int = 0  # usable hit tokens over all matches
+    kv_only_tokens: int = 0  # KV matched beyond the usable hit (unusable without a state)
+    checkpoints_inserted: int = 0  # new leaf or revived tombstone
+    checkpoints_existing: int = 0  # insert found a checkpoint already there
+    checkpoints_skipped: int = 0  # no slot even after eviction: the checkpoint was not taken
+    checkpoints_capped: int = 0  # dropped by mamba_max_states_per_path
+    lazy_inserts_skipped: int = 0  # finish without insert: the lazy boundary slot was not had
+    cow_skipped: int = 0  # a hit dropped because no slot was free for its copy-on-write
+    state_copies: int = 0  # slot-to-slot copies (copy-on-write, no_buffer chunk ends)
+    tokens_evicted: int = 0
+    states_evicted: int = 0
+
+    def reset(self) -> None:
+        for name in asdict(self):
+            setattr(self, name, 0)
+
+
+class MambaRadixCache:
+    """The Mamba-aware radix prefix cache over a :class:`HybridReqToTokenPool` and a token allocator.
+
+    Construction checks that the pools fit the config (same page size, same strategy); it raises
+    :class:`InvalidArgument` otherwise. Every public method documents its side effects and cost;
+    ``n`` is the number of tree nodes, ``L`` the key length.
+    """
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        req_to_token_pool: HybridReqToTokenPool,
+        token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator,
+    ) -> None:
+        if not isinstance(config, CacheConfig):
+            raise InvalidArgument(f"config must be a CacheConfig, got {type(config).__name__}")
+        if not isinstance(req_to_token_pool, HybridReqToTokenPool):
+            raise InvalidArgument(
+                f"req_to_token_pool must be a HybridReqToTokenPool, got {type(req_to_token_pool).__name__}"
+            )
+        if req_to_token_pool.config != config:
+            raise InvalidArgument(
+                "req_to_token_pool was built with another CacheConfig; build the pool and the cache from "
+                "the same config"
+            )
+        if token_to_kv_pool_allocator.page_size != config.page_size:
+            raise InvalidArgument(
+                f"the token allocator has page_size={token_to_kv_pool_allocator.page_size} but the config "
+                f"says --page-size {config.page_size}; build both with the same page size"
+            )
+        self.config = config
+        self.req_to_token_pool = req_to_token_pool
+        self.mamba_pool = req_to_token_pool.mamba_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.device = token_to_kv_pool_allocator.device
+        self.tree = RadixTree(config, self.device)
+        self.stats = CacheStats()
+
+    @classmethod
+    def build(
+        cls,
+        config: CacheConfig,
+        *,
+        num_tokens: int,
+        num_slots: int,
+        max_running_requests: int = 8,
+        max_context_len: int = 4096,
+        num_layers: int = 1,
+        conv_shapes: Sequence[tuple[int, ...]] = ((4, 4),),
+        temporal_shape: tuple[int, ...] = (2, 4, 4),
+        device: str | torch.device = "cpu",
+    ) -> MambaRadixCache:
+        """A cache with freshly built pools: ``num_tokens`` KV indices (paged when
+        ``config.page_size > 1``), ``num_slots`` state slots of small default shapes (large enough for
+        :mod:`mamba_radix.state_stamp`), ``max_running_requests`` request rows. For tests, benchmarks and
+        the simulator; an engine builds its pools itself."""
+        mamba_pool = MambaPool(num_slots, num_layers, list(conv_shapes), temporal_shape, device=device)
+        req_pool = HybridReqToTokenPool(max_running_requests, max_context_len, mamba_pool, config, device)
+        allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+        if config.page_size == 1:
+            allocator = TokenToKVPoolAllocator(num_tokens, device)
+        else:
+            allocator = PagedTokenToKVPoolAllocator(num_tokens, config.page_size, device)
+        return cls(config, req_pool, allocator)
+
+    # -------------------------------------------------------------------------------------------- sizes
+    def full_evictable_size(self) -> int:
+        """KV tokens in unlocked nodes. O(1)."""
+        return self.tree.full_evictable_size
+
+    def full_protected_size(self) -> int:
+        """KV tokens in locked nodes. O(1)."""
+        return self.tree.full_protected_size
+
+    def mamba_evictable_size(self) -> int:
+        """Checkpoints without a mamba lock. O(1)."""
+        return self.tree.mamba_evictable_size
+
+    def mamba_protected_size(self) -> int:
+        """Checkpoints with a mamba lock. O(1)."""
+        return self.tree.mamba_protected_size
+
+    @property
+    def root_node(self) -> TreeNode:
+        return self.tree.root
+
+    # -------------------------------------------------------------------------------------------- match
+    def _as_key(self, key: RadixKey | Sequence[int], req: Req | None) -> RadixKey:
+        if isinstance(key, RadixKey):
+            return key
+        return RadixKey(key, req.extra_key if req is not None else None)
+
+    def match_prefix(
+        self, key: RadixKey | Sequence[int], *, cow_mamba: bool = False, req: Req | None = None
+    ) -> MatchResult:
+        """The longest cached prefix of ``key`` that ends at a checkpoint.
+
+        A plain sequence takes ``req.extra_key`` as its namespace. With ``req``, sets
+        ``req.prefix_indices``, ``req.last_node``, ``req.cache_protected_len`` and
+        ``req.mamba_branching_seqlen`` (call it before admission: it does not release a lock ``req``
+        holds). With ``cow_mamba`` and ``req``, copies the matched checkpoint into ``req``'s live slot,
+        allocating one (``req.mamba_pool_idx``) if it has none, evicting one checkpoint if none is free
+        (the matched node is locked meanwhile); if no slot can be had the hit is dropped (the result is
+        the root) and counted in ``stats.cow_skipped``.
+
+        Side effects: **may split a node** (the new parent is a tombstone); ticks the clock and refreshes
+        recency (see :meth:`RadixTree.match`). O(L + path * log n), plus one slot copy.
+        """
+        radix_key = self._as_key(key, req)
+        if self.config.disable_radix_cache:
+            result = MatchResult(
+                torch.empty(0, dtype=torch.int64, device=self.device), self.tree.root, None, 0, None
+            )
+        else:
+            m = self.tree.match(radix_key)
+            best = m.best
+            if (
+                cow_mamba
+                and req is not None
+                and best.mamba_slot is not None
+                and not self._copy_on_write(req, best)
+            ):
+                best, indices, hit_len = self.tree.root, m.device_indices[:0], 0
+            else:
+                indices, hit_len = m.device_indices, m.hit_len
+            result = MatchResult(
+                indices, best, best.mamba_slot, m.full_kv_hit_len, self._branching(m.full_kv_hit_len, hit_len)
+            )
+            self.stats.matches += 1
+            self.stats.hit_tokens += hit_len
+            self.stats.kv_only_tokens += m.full_kv_hit_len - hit_len
+        if req is not None:
+            req.prefix_indices = result.device_indices
+            req.last_node = result.last_node
+            req.cache_protected_len = len(result.device_indices)
+            req.mamba_branching_seqlen = result.mamba_branching_seqlen
+        return result
+
+    def _branching(self, full_kv_hit_len: int, hit_len: int) -> int | None:
+        grid = self.config.mamba_checkpoint_grid
+        branching = full_kv_hit_len // grid * grid
+        return branching if branching > hit_len else None
+
+    def _copy_on_write(self, req: Req, node: TreeNode) -> bool:
+        """Copy ``node``'s checkpoint into ``req``'s live slot (allocated if missing). False: no slot."""
+        dst = req.mamba_pool_idx
+        if dst is None:
+            # Lock the source so that the eviction that makes room cannot take it.
+            self.tree.inc_lock_ref(node)
+            try:
+                dst = self.alloc_state_slot()
+            finally:
+                self.tree.dec_lock_ref(node)
+            if dst is None:
+                self.stats.cow_skipped += 1
+                return False
+            req.mamba_pool_idx = dst
+        assert node.mamba_slot is not None
+        self.mamba_pool.copy_from([node.mamba_slot], [dst])
+        req.mamba_cow_src_slot = node.mamba_slot
+        self.stats.state_copies += 1
+        return True
+
+    # ------------------------------------------------------------------------------------------- insert
+    def insert(
+        self,
+        key: RadixKey | Sequence[int],
+        kv_indices: torch.Tensor,
+        mamba_slot: int,
+        prev_prefix_len: int = 0,
+    ) -> InsertResult:
+        """Insert ``key`` with its KV indices and a checkpoint slot at its end.
+
+        Frees the caller's KV indices at positions ``>= prev_prefix_len`` that duplicate tree KV. The
+        slot becomes the tree's unless ``mamba_exists`` (then the caller still owns, and frees, it). After
+        adding a checkpoint, the per-path cap may free older checkpoints of the path.
+
+        Side effects: may split a node; ticks the clock. Raises :class:`InvalidArgument` /
+        :class:`InvalidIndex` (nothing changed) for unallocated indices or slot, or a bad length.
+        O(L + path * log n).
+        """
+        return self._insert(self._as_key(key, None), kv_indices, mamba_slot, prev_prefix_len)[0]
+
+    def _insert(
+        self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
+    ) -> tuple[InsertResult, TreeInsert]:
+        self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
+        done = self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len)
+        if done.duplicate_kv.numel():
+            self.token_to_kv_pool_allocator.free(done.duplicate_kv)
+        if done.capped_slots:
+            self.mamba_pool.free(done.capped_slots)
+            self.stats.checkpoints_capped += len(done.capped_slots)
+        if done.mamba_exists:
+            self.stats.checkpoints_existing += 1
+        else:
+            self.stats.checkpoints_inserted += 1
+        return InsertResult(done.prefix_len, done.mamba_exists), done
+
+    def _check_owned_by_caller(self, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int) -> None:
+        """The caller hands over KV ``[prev_prefix_len, L)`` and the slot: both must be allocated (the
+        positions below ``prev_prefix_len`` are the tree's already). O(L - prev_prefix_len)."""
+        if isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 1 and kv_indices.numel():
+            if kv_indices.device != self.device:
+                raise InvalidArgument(
+                    f"kv indices are on {kv_indices.device} but the token pool lives on {self.device}"
+                )
+            handed_over = kv_indices[max(prev_prefix_len, 0) if isinstance(prev_prefix_len, int) else 0 :]
+            allocated = self.token_to_kv_pool_allocator.is_allocated(handed_over)
+            if not bool(allocated.all()):
+                bad = int(handed_over[~allocated][0])
+                raise InvalidIndex(f"KV index {bad} is not allocated; insert only indices from alloc")
+        valid_id = isinstance(mamba_slot, int) and not isinstance(mamba_slot, bool) and mamba_slot >= 1
+        if valid_id and not bool(self.mamba_pool.is_allocated([mamba_slot])[0]):
+            raise InvalidIndex(f"state slot {mamba_slot} is not allocated; insert only slots from alloc")
+
+    # -------------------------------------------------------------------------------------------- locks
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock ``node`` (a checkpoint node from a match, or the root). See :meth:`RadixTree.inc_lock_ref`."""
+        self.tree.inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Release a lock taken by :meth:`inc_lock_ref`. See :meth:`RadixTree.dec_lock_ref`."""
+        self.tree.dec_lock_ref(node)
+
+    # ----------------------------------------------------------------------------------------- eviction
+    def evict(self, num_tokens: int = 0, num_states: int = 0) -> EvictResult:
+        """Free at least ``num_tokens`` KV tokens and ``num_states`` checkpoints, or as many as unlocked
+        nodes allow. Victim order: see :mod:`mamba_radix.eviction`. O(victims * log n)."""
+        freed = self.tree.evict(num_tokens, num_states)
+        self._release(freed)
+        return EvictResult(freed.num_tokens, freed.num_states)
+
+    def _release(self, freed: Freed) -> None:
+        if freed.kv:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed.kv))
+        if freed.slots:
+            self.mamba_pool.free(freed.slots)
+        self.stats.tokens_evicted += freed.num_tokens
+        self.stats.states_evicted += freed.num_states
+
+    def make_room(self, num_tokens: int = 0, num_states: int = 0) -> bool:
+        """Evict just enough that ``num_tokens`` KV tokens and ``num_states`` slots are free.
+
+        Returns whether both are free now. O(victims * log n).
+        """
+        short_tokens = max(0, num_tokens - self.token_to_kv_pool_allocator.available_size())
+        short_states = max(0, num_states - self.mamba_pool.available_size())
+        if short_tokens or short_states:
+            self.evict(short_tokens, short_states)
+        return (
+            self.token_to_kv_pool_allocator.available_size() >= num_tokens
+            and self.mamba_pool.available_size() >= num_states
+        )
+
+    def alloc_token_slots(self, num_tokens: int) -> torch.Tensor | None:
+        """``num_tokens`` KV indices (whole pages when ``page_size > 1``), evicting if short; ``None`` if
+        still short. O(num_tokens + victims * log n)."""
+        self.make_room(num_tokens=num_tokens)
+        return self.token_to_kv_pool_allocator.alloc(num_tokens)
+
+    def alloc_state_slot(self) -> int | None:
+        """One state slot, evicting one checkpoint if none is free; ``None`` if still none.
+        O(log n)."""
+        slots = self.mamba_pool.alloc(1)
+        if slots is None:
+            self.evict(num_states=1)
+            slots = self.mamba_pool.alloc(1)
+        return None if slots is None else int(slots[0])
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def admit(self, req: Req) -> bool:
+        """Engine protocol steps 1-2 in one transactional call (docs/architecture.md).
+
+        Matches ``all tokens[:-1]`` (one token is always computed, for the logits) with copy-on-write,
+        locks ``req.last_node``, evicts checkpoints if the pool lacks the slots admission needs, takes a
+        request row and slots (:meth:`HybridReqToTokenPool.alloc`), writes the hit's KV indices into the
+        row, sets ``req.kv_len`` to the hit length and zeroes the live slot if there was no hit.
+        Returns False, with the lock, the copy-on-write slot and the request's cache fields undone, if
+        rows or slots are short (the match's split and recency refresh stay). O(L + path * log n).
+        """
+        if req.last_node is not None or req.req_pool_idx is not None:
+            raise InvalidArgument(
+                f"request {req.rid!r} is already admitted (it holds a row or a lock); admit each request once"
+            )
+        had_live_slot = req.mamba_pool_idx is not None
+        tokens = req.all_token_ids
+        self.match_prefix(RadixKey(tokens[: max(len(tokens) - 1, 0)], req.extra_key), cow_mamba=True, req=req)
+        node = req.last_node
+        assert node is not None
+        self.tree.inc_lock_ref(node)
+        self.make_room(num_states=strategies.admission_slots(self.config, req))
+        rows = self.req_to_token_pool.alloc([req])
+        if rows is None:
+            self.tree.dec_lock_ref(node)
+            if not had_live_slot and req.mamba_pool_idx is not None:
+                self.mamba_pool.free([req.mamba_pool_idx])
+                req.mamba_pool_idx = None
+            req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
+            req.last_node = None
+            req.cache_protected_len = 0
+            req.mamba_branching_seqlen = None
+            req.mamba_cow_src_slot = None
+            return False
+        if req.cache_protected_len:
+            self.req_to_token_pool.write(rows[0], 0, req.prefix_indices)
+        elif req.mamba_pool_idx is not None:
+            self.mamba_pool.clear_slots([req.mamba_pool_idx])
+        req.kv_len = req.cache_protected_len
+        return True
+
+    def _check_running(self, req: Req, verb: str) -> torch.Tensor:
+        """Validate ``req``'s bookkeeping; return its row of ``req_to_token``. O(path)."""
+        if req.req_pool_idx is None or not self.req_to_token_pool.is_row_allocated(req.req_pool_idx):
+            raise InvalidArgument(f"{verb}: request {req.rid!r} holds no request row; admit it first")
+        node = req.last_node
+        if node is None or not self.tree.is_attached(node):
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} holds no lock in this tree (never matched, or finished twice)"
+            )
+        if node.depth != req.cache_protected_len:
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} has cache_protected_len={req.cache_protected_len} but its "
+                f"last_node ends at {node.depth}; do not edit the cache's request fields"
+            )
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        if not req.cache_protected_len <= req.kv_len <= min(req.seq_len, row.numel()):
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} has kv_len={req.kv_len}, outside "
+                f"[cache_protected_len={req.cache_protected_len}, seq_len={req.seq_len}]"
+            )
+        return row
+
+    def _checkpoint_len(self, req: Req, verb: str) -> int | None:
+        """The length whose state the request can hand to the tree now, or None."""
+        cache_len = req.mamba_last_track_seqlen if self.config.uses_extra_buffer else req.kv_len
+        if cache_len is None:
+            return None
+        if not req.cache_protected_len <= cache_len <= req.kv_len or cache_len % self.config.page_size:
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} checkpoints at {cache_len}, which must be a multiple of "
+                f"page_size={self.config.page_size} in [cache_protected_len={req.cache_protected_len}, "
+                f"kv_len={req.kv_len}]; set mamba_last_track_seqlen to the tracked length"
+            )
+        return cache_len
+
+    def cache_unfinished_req(self, req: Req) -> None:
+        """Hand a running request's newest checkpoint and the KV before it to the tree (after a prefill
+        chunk, or at a decode boundary).
+
+        extra_buffer(_lazy): the checkpoint is at ``req.mamba_last_track_seqlen`` (nothing happens but a
+        refresh of ``req.prefix_indices`` when it is ``None``); a fresh slot replaces the tracked ping-pong
+        slot, which goes to the tree without a copy. no_buffer: the live slot is copied into a fresh slot
+        at ``req.kv_len``. Then the KV ``[cache_protected_len, cache_len)`` is inserted (the request's
+        duplicates are freed and its row rewritten with the tree's indices), the lock moves from the old
+        ``last_node`` to the new one, and ``cache_protected_len`` becomes ``cache_len``. If no slot can be
+        had even after eviction, the checkpoint is skipped (``stats.checkpoints_skipped``) and the KV stays
+        the request's. O(L + path * log n).
+        """
+        row = self._check_running(req, "cache_unfinished_req")
+        cache_len = (
+            None if self.config.disable_radix_cache else self._checkpoint_len(req, "cache_unfinished_req")
+        )
+        if cache_len is not None and cache_len > req.cache_protected_len:
+            self._insert_checkpoint(req, row, cache_len)
+        req.mamba_last_track_seqlen = None
+        req.prefix_indices = row[: req.kv_len].to(torch.int64)
+
+    def _insert_checkpoint(self, req: Req, row: torch.Tensor, cache_len: int) -> None:
+        new_slot = self.alloc_state_slot()
+        if new_slot is None:
+            self.stats.checkpoints_skipped += 1
+            return
+        if self.config.uses_extra_buffer:
+            tree_slot = self.req_to_token_pool.donate_ping_pong_slot(req, new_slot)
+        else:
+            assert req.mamba_pool_idx is not None
+            self.mamba_pool.copy_from([req.mamba_pool_idx], [new_slot])
+            self.stats.state_copies += 1
+            tree_slot = new_slot
+        protected = req.cache_protected_len
+        result, done = self._insert(
+            RadixKey(req.token_ids(cache_len), req.extra_key),
+            row[:cache_len].to(torch.int64),
+            tree_slot,
+            protected,
+        )
+        if result.mamba_exists:
+            self.mamba_pool.free([tree_slot])
+        # The request's duplicates were freed by the insert: point its row at the tree's indices.
+        tree_kv = self.tree.path_values(done.node)
+        row_index = req.req_pool_idx
+        assert row_index is not None
+        self.req_to_token_pool.write(row_index, protected, tree_kv[protected:cache_len])
+        old = req.last_node
+        assert old is not None
+        self.tree.inc_lock_ref(done.node)
+        self.tree.dec_lock_ref(old)
+        req.last_node = done.node
+        req.cache_protected_len = cache_len
+
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+        """Finish a request: insert its last checkpoint and the KV before it, free the rest.
+
+        The checkpoint is the tracked ping-pong slot at ``mamba_last_track_seqlen`` (extra_buffer; none
+        if it is ``None``) or the live slot at ``kv_len``, donated without a copy (no_buffer). No insert
+        when ``is_insert`` is False or the lazy boundary slot was not had
+        (``req.mamba_lazy_is_insert`` False). KV past the checkpoint (``[cache_len, kv_len)``) is freed:
+        no state exists there. Every slot the request still holds is freed
+        (:meth:`HybridReqToTokenPool.free_mamba_cache`), its lock released and ``req.last_node`` cleared.
+        The request row itself stays (the engine frees it). O(L + path * log n).
+        """
+        row = self._check_running(req, "cache_finished_req")
+        protected = req.cache_protected_len
+        cache_len = protected
+        if self.config.disable_radix_cache:
+            pass
+        elif is_insert and not req.mamba_lazy_is_insert:
+            self.stats.lazy_inserts_skipped += 1
+        elif is_insert:
+            cache_len = self._checkpoint_len(req, "cache_finished_req") or protected
+        kv = row[: req.kv_len].to(torch.int64)
+        keep: int | None = None
+        if cache_len > protected:
+            if self.config.uses_extra_buffer:
+                buffer = req.mamba_ping_pong_track_buffer
+                assert buffer is not None
+                tree_slot = buffer[self.req_to_token_pool.ping_pong_keep_idx(req)]
+            else:
+                assert req.mamba_pool_idx is not None
+                tree_slot = req.mamba_pool_idx
+            result, _ = self._insert(
+                RadixKey(req.token_ids(cache_len), req.extra_key), kv[:cache_len], tree_slot, protected
+            )
+            keep = None if result.mamba_exists else tree_slot
+        if req.kv_len > cache_len:
+            self.token_to_kv_pool_allocator.free(kv[cache_len:])
+        self.req_to_token_pool.free_mamba_cache(req, keep=keep)
+        node = req.last_node
+        assert node is not None
+        self.tree.dec_lock_ref(node)
+        req.last_node = None
+        req.mamba_last_track_seqlen = None
+
+    # ---------------------------------------------------------------------------------------- debugging
+    def pretty_print(self) -> str:
+        """A readable dump of the tree (one line per node). O(n)."""
+        return self.tree.pretty_print()
+
+    def check_invariants(self, running_reqs: Iterable[Req] | None = None) -> None:
+        """Check every invariant of DESIGN.md §5; raise :class:`~mamba_radix.errors.InvariantError` with
+        a tree dump on the first violation. With ``running_reqs`` (every request that holds memory), also
+        conservation: each allocated KV index and slot is owned by exactly one node or request.
+        O(n + tokens)."""
+        check_invariants(self, running_reqs)

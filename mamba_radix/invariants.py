@@ -1,0 +1,233 @@
+"""`check_invariants`: every structural invariant of the cache (DESIGN.md §5), in one O(n) pass.
+
+1. a non-root leaf is never a tombstone;
+2. a split never copies a checkpoint: every slot is held by exactly one node (``slot_owner`` agrees);
+3. conservation: every allocated KV index and state slot is owned by exactly one of a tree node, a
+   running request (when the caller passes the complete set of running requests) or the free list;
+4. the evictable/protected counters equal the sums over unlocked/locked nodes;
+5. the eviction candidate sets hold exactly the evictable candidates, under the right keys;
+6. a match never ends inside an edge or at a tombstone: every running request's ``last_node`` is the
+   root or a checkpoint node ending at its ``cache_protected_len``, whose KV its row holds;
+7. locked nodes are never evicted: every running request's ``last_node`` is still in the tree, locked.
+
+Plus the structure itself: parent/child links and child keys, ``depth``, page alignment, lock arithmetic
+(``full_lock_ref == mamba_lock_ref + sum(child.full_lock_ref)``), stamps not ahead of the clock.
+Violations raise :class:`~mamba_radix.errors.InvariantError` with a readable tree dump.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+from mamba_radix.errors import InvariantError
+from mamba_radix.eviction import full_evict_key, is_full_candidate, is_mamba_candidate, mamba_evict_key
+from mamba_radix.node import ROOT_ID, TreeNode, child_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.cache import MambaRadixCache
+    from mamba_radix.request import Req
+    from mamba_radix.tree import RadixTree
+
+__all__ = ["check_invariants", "check_tree_invariants"]
+
+_MAX_DUMP_LINES = 200
+_NO_SLOT = -1
+
+
+def _fail(tree: RadixTree, message: str) -> None:
+    dump = tree.pretty_print().splitlines()
+    if len(dump) > _MAX_DUMP_LINES:
+        dump = [*dump[:_MAX_DUMP_LINES], f"... ({len(dump) - _MAX_DUMP_LINES} more lines)"]
+    raise InvariantError(message + "\n" + "\n".join(dump))
+
+
+def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
+    page = tree.page_size
+    if node.id in ids:
+        _fail(tree, f"node id {node.id} occurs twice")
+    ids.add(node.id)
+    if node.last_access > tree.clock or node.mamba_last_access > tree.clock:
+        _fail(tree, f"node {node.id} has a stamp ahead of the clock {tree.clock}")
+    if not 0 <= node.mamba_lock_ref <= node.full_lock_ref:
+        _fail(tree, f"node {node.id}: need 0 <= mamba_lock_ref <= full_lock_ref, got {node!r}")
+    if node.mamba_slot is None and node.mamba_lock_ref:
+        _fail(tree, f"tombstone node {node.id} holds a mamba lock")
+    if node.mamba_slot is not None and tree.slot_owner.get(node.mamba_slot) is not node:
+        _fail(
+            tree, f"slot {node.mamba_slot} of node {node.id} is not registered to it (shared or copied slot)"
+        )
+    children_locks = 0
+    for ck, child in node.children.items():
+        if child.parent is not node:
+            _fail(tree, f"node {child.id} is a child of {node.id} but its parent link points elsewhere")
+        if not child.key or ck != child_key(child.key, 0, page, child.extra_key):
+            _fail(tree, f"node {child.id} hangs under the wrong child key {ck!r}")
+        if node.id != ROOT_ID and child.extra_key != node.extra_key:
+            _fail(tree, f"node {child.id} has namespace {child.extra_key!r}, its parent {node.extra_key!r}")
+        children_locks += child.full_lock_ref
+    if node.id == ROOT_ID:
+        if node is not tree.root or node.key or node.value.numel() or node.mamba_slot is not None:
+            _fail(tree, "the root must be the tree's root, empty and without a checkpoint")
+        if node.full_lock_ref != 1 or node.mamba_lock_ref != 0:
+            _fail(tree, f"the root must hold exactly one full lock, got {node!r}")
+        return
+    parent = node.parent
+    assert parent is not None
+    if len(node.key) != node.value.numel() or node.value.dtype != torch.int64 or node.value.dim() != 1:
+        _fail(
+            tree,
+            f"node {node.id}: {len(node.key)} tokens but value {tuple(node.value.shape)} {node.value.dtype}",
+        )
+    if len(node.key) % page:
+        _fail(tree, f"node {node.id}: {len(node.key)} tokens is not a multiple of page_size={page}")
+    if node.depth != parent.depth + len(node.key):
+        _fail(tree, f"node {node.id}: depth {node.depth} != parent depth {parent.depth} + {len(node.key)}")
+    if not node.children and node.mamba_slot is None:
+        _fail(tree, f"invariant 1: leaf node {node.id} is a tombstone")
+    if node.full_lock_ref != node.mamba_lock_ref + children_locks:
+        _fail(
+            tree,
+            f"node {node.id}: full_lock_ref {node.full_lock_ref} != own mamba locks {node.mamba_lock_ref} + "
+            f"children's full locks {children_locks} (a lock leaked, or a tombstone was locked)",
+        )
+
+
+def check_tree_invariants(tree: RadixTree) -> None:
+    """The pool-free invariants (structure, 1, 2, 4, 5). O(n)."""
+    ids: set[int] = set()
+    sizes = [0, 0, 0, 0]  # full evictable, full protected, mamba evictable, mamba protected
+    full_keys: list[tuple[int, ...]] = []
+    mamba_keys: list[tuple[int, ...]] = []
+    num_slots = 0
+    for node in tree.nodes():
+        _check_node(tree, node, ids)
+        if node.is_root:
+            continue
+        sizes[0 if node.full_lock_ref == 0 else 1] += len(node.key)
+        if node.mamba_slot is not None:
+            num_slots += 1
+            sizes[2 if node.mamba_lock_ref == 0 else 3] += 1
+        want_full = full_evict_key(node) if is_full_candidate(node) else None
+        want_mamba = mamba_evict_key(tree.index.order, node) if is_mamba_candidate(node) else None
+        if node.full_evict_key != want_full or node.mamba_evict_key != want_mamba:
+            _fail(
+                tree,
+                f"invariant 5: node {node.id} is registered under ({node.full_evict_key}, "
+                f"{node.mamba_evict_key}), expected ({want_full}, {want_mamba})",
+            )
+        if want_full is not None:
+            full_keys.append(want_full)
+        if want_mamba is not None:
+            mamba_keys.append(want_mamba)
+    if len(ids) != tree.num_nodes:
+        _fail(tree, f"num_nodes is {tree.num_nodes} but the tree has {len(ids)} nodes")
+    if num_slots != len(tree.slot_owner):
+        _fail(tree, f"invariant 2: {len(tree.slot_owner)} slots registered but {num_slots} nodes hold one")
+    got = [
+        tree.full_evictable_size,
+        tree.full_protected_size,
+        tree.mamba_evictable_size,
+        tree.mamba_protected_size,
+    ]
+    if got != sizes:
+        _fail(
+            tree,
+            "invariant 4: counters (full evictable, full protected, mamba evictable, mamba protected) are "
+            f"{got}, the tree sums to {sizes}",
+        )
+    if sorted(full_keys) != tree.index.full_keys():
+        _fail(tree, "invariant 5: the full-KV candidate set differs from the unlocked leaves")
+    if sorted(mamba_keys) != tree.index.mamba_keys():
+        _fail(tree, "invariant 5: the checkpoint candidate set differs from the unlocked checkpoints")
+
+
+def _check_requests(cache: MambaRadixCache, reqs: list[Req]) -> tuple[list[torch.Tensor], list[int]]:
+    """Invariants 6-7 for each running request; returns the KV spans and slots the requests own."""
+    tree = cache.tree
+    pool = cache.req_to_token_pool
+    kv: list[torch.Tensor] = []
+    slots: list[int] = []
+    direct_locks: dict[int, int] = {}
+    for req in reqs:
+        node = req.last_node
+        if node is None or not tree.is_attached(node):
+            _fail(tree, f"invariant 7: running request {req.rid!r} has no last_node in the tree")
+        assert node is not None
+        if not node.is_root and node.mamba_slot is None:
+            _fail(tree, f"invariant 6: request {req.rid!r} is locked on tombstone node {node.id}")
+        if node.depth != req.cache_protected_len:
+            _fail(
+                tree,
+                f"invariant 6: request {req.rid!r} protects {req.cache_protected_len} tokens, "
+                f"node {node.id} ends at {node.depth}",
+            )
+        if not node.is_root:
+            direct_locks[node.id] = direct_locks.get(node.id, 0) + 1
+        slots += [
+            s
+            for s in [req.mamba_pool_idx, *(req.mamba_ping_pong_track_buffer or [])]
+            if s is not None and s != _NO_SLOT
+        ]
+        if req.req_pool_idx is None:
+            continue
+        row = pool.req_to_token[req.req_pool_idx].to(torch.int64)
+        if not torch.equal(row[: req.cache_protected_len], tree.path_values(node)):
+            _fail(tree, f"invariant 6: request {req.rid!r}'s row does not hold the tree's KV of its prefix")
+        kv.append(row[req.cache_protected_len : req.kv_len])
+    for node in tree.nodes():
+        if not node.is_root and node.mamba_lock_ref != direct_locks.get(node.id, 0):
+            _fail(
+                tree,
+                f"node {node.id} holds {node.mamba_lock_ref} mamba locks but {direct_locks.get(node.id, 0)} "
+                "running requests are locked on it",
+            )
+    return kv, slots
+
+
+def _check_owners(
+    cache: MambaRadixCache, what: str, owned: list[torch.Tensor], allocated: torch.Tensor, complete: bool
+) -> None:
+    """Each id in ``owned`` occurs once and is allocated; with ``complete``, they cover ``allocated``."""
+    tree = cache.tree
+    ids = torch.cat(owned) if owned else torch.empty(0, dtype=torch.int64, device=allocated.device)
+    unique = torch.unique(ids)
+    if unique.numel() != ids.numel():
+        _fail(tree, f"invariant 3: some {what} is owned twice")
+    missing = unique[~torch.isin(unique, allocated)]
+    if missing.numel():
+        _fail(tree, f"invariant 3: {what} {int(missing[0])} is owned but not allocated (freed while in use)")
+    if complete and unique.numel() != allocated.numel():
+        leaked = allocated[~torch.isin(allocated, unique)]
+        _fail(tree, f"invariant 3: {what} {int(leaked[0])} is allocated but owned by nobody (a leak)")
+
+
+def check_invariants(cache: MambaRadixCache, running_reqs: Iterable[Req] | None = None) -> None:
+    """Every invariant of DESIGN.md §5 (see the module docstring). ``running_reqs``, when given, must be
+    every request that holds a lock, KV or slots: conservation is then exact. O(n + tokens)."""
+    tree = cache.tree
+    check_tree_invariants(tree)
+    reqs = None if running_reqs is None else list(running_reqs)
+    req_kv, req_slots = _check_requests(cache, reqs) if reqs is not None else ([], [])
+    complete = reqs is not None
+    allocator = cache.token_to_kv_pool_allocator
+    page = tree.page_size
+    tree_kv = [node.value for node in tree.nodes() if not node.is_root]
+    allocated_kv = allocator.allocated_indices()
+    if page == 1:
+        _check_owners(cache, "KV index", tree_kv + req_kv, allocated_kv, complete)
+    else:
+        # Pages are the unit of ownership: a tree node holds whole pages, a request may hold a partial
+        # last page. Each owner contributes its distinct pages.
+        tree_all = torch.cat(tree_kv) if tree_kv else allocated_kv[:0]
+        tree_pages = torch.unique(tree_all // page)
+        if tree_pages.numel() * page != tree_all.numel():
+            _fail(tree, "invariant 3: tree KV does not fill whole pages exactly once")
+        pages = [tree_pages] + [torch.unique(kv // page) for kv in req_kv]
+        _check_owners(cache, "KV page", pages, torch.unique(allocated_kv // page), complete)
+    slot_lists = [torch.tensor(list(tree.slot_owner), dtype=torch.int64)]
+    slot_lists.append(torch.tensor(req_slots, dtype=torch.int64))
+    allocated_slots = cache.mamba_pool.allocated_slots().cpu()
+    _check_owners(cache, "state slot", slot_lists, allocated_slots, complete)

@@ -1,0 +1,559 @@
+"""The pure radix tree (:class:`RadixTree`): walk, split, insert, lock, decide evictions.
+
+The tree *decides* and never frees: every operation that releases memory returns the KV indices and
+state slots it dropped (:class:`Freed`, :class:`TreeInsert`) and :class:`~mamba_radix.cache.MambaRadixCache`
+hands them back to the pools. So the tree is testable without any pool.
+
+Data model (DESIGN.md §5): each node holds the KV indices of its edge and optionally one checkpoint slot;
+a node without one is a tombstone. A prefix is usable only up to the deepest checkpoint on its path.
+
+Recency is a logical clock (:attr:`RadixTree.clock`) that ticks once per request-level operation
+(:meth:`RadixTree.match`, :meth:`RadixTree.insert`); every node that operation touches gets the new tick,
+so a path touched together shares one stamp and ties are broken by depth (see :mod:`mamba_radix.eviction`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import torch
+
+from mamba_radix.errors import InvalidArgument
+from mamba_radix.eviction import EvictionIndex
+from mamba_radix.node import ROOT_ID, TreeNode, child_key, common_prefix_len
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.config import CacheConfig
+
+__all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch"]
+
+
+@dataclass(frozen=True)
+class RadixKey:
+    """Token ids plus an optional namespace (``extra_key``: LoRA id, cache salt).
+
+    Keys in different namespaces never share a node. ``token_ids`` is normalised to a tuple of ints
+    (a list, tuple, numpy array or 1-D tensor is accepted). O(len).
+    """
+
+    token_ids: tuple[int, ...] | list[int]
+    extra_key: str | None = None
+
+    def __post_init__(self) -> None:
+        ids = self.token_ids
+        if not isinstance(ids, tuple):
+            if isinstance(ids, (torch.Tensor, np.ndarray)):
+                if ids.ndim != 1:
+                    raise InvalidArgument(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
+                ids = tuple(ids.tolist())
+            elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+                raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(ids).__name__}")
+            else:
+                ids = tuple(ids)
+            object.__setattr__(self, "token_ids", ids)
+        if self.extra_key is not None and not isinstance(self.extra_key, str):
+            raise InvalidArgument(
+                f"extra_key must be a str or None, got {self.extra_key!r}; convert it with str()"
+            )
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+class TreeMatch(NamedTuple):
+    """What :meth:`RadixTree.match` found."""
+
+    device_indices: torch.Tensor  # KV indices of [0, hit_len)
+    best: TreeNode  # the deepest node with a checkpoint on the matched path; the root if none
+    hit_len: int  # tokens up to best's end (the usable hit)
+    full_kv_hit_len: int  # tokens whose KV matched, >= hit_len
+
+
+class TreeInsert(NamedTuple):
+    """What :meth:`RadixTree.insert` did. The caller frees ``duplicate_kv`` and ``capped_slots``."""
+
+    prefix_len: int  # tokens the tree held already (before any new leaf)
+    mamba_exists: bool  # the end node already had a checkpoint: the caller keeps (and frees) its slot
+    node: TreeNode  # the node ending at len(key); the root for an empty key
+    duplicate_kv: torch.Tensor  # caller's indices at positions >= prev_prefix_len the tree already had
+    capped_slots: list[int]  # checkpoints dropped by the per-path cap
+
+
+@dataclass
+class Freed:
+    """Memory an eviction released from the tree; the cache returns it to the pools."""
+
+    kv: list[torch.Tensor] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+    num_states: int = 0
+
+
+def _empty_kv(device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64, device=device)
+
+
+class RadixTree:
+    """The Mamba-aware radix tree. Pure: it owns nodes, locks, counters and eviction order, no memory.
+
+    Sizes (kept exact on every 0<->1 lock transition, insert and delete; the root is excluded):
+    ``full_evictable_size`` / ``full_protected_size`` in tokens of unlocked / locked nodes,
+    ``mamba_evictable_size`` / ``mamba_protected_size`` in checkpoints without / with a mamba lock.
+    """
+
+    def __init__(self, config: CacheConfig, device: str | torch.device = "cpu") -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.device = torch.device(device)
+        self.clock = 0
+        self._next_id = ROOT_ID + 1
+        self.root = TreeNode(ROOT_ID, (), _empty_kv(self.device), parent=None, depth=0, extra_key=None)
+        self.root.full_lock_ref = 1  # the root is always locked, never evicted
+        self.index = EvictionIndex(config.mamba_eviction_order)
+        self.full_evictable_size = 0
+        self.full_protected_size = 0
+        self.mamba_evictable_size = 0
+        self.mamba_protected_size = 0
+        self.num_nodes = 1
+        # slot -> node holding it: catches a slot handed to the tree twice in O(1)
+        self.slot_owner: dict[int, TreeNode] = {}
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def tick(self) -> int:
+        """Advance the logical clock (once per request-level operation) and return the new time."""
+        self.clock += 1
+        return self.clock
+
+    def _child_key(self, tokens: tuple[int, ...], start: int, extra_key: str | None) -> object:
+        return child_key(tokens, start, self.page_size, extra_key)
+
+    def _new_node(
+        self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode, depth: int, extra_key: str | None
+    ) -> TreeNode:
+        node = TreeNode(self._next_id, key, value, parent=parent, depth=depth, extra_key=extra_key)
+        self._next_id += 1
+        self.num_nodes += 1
+        return node
+
+    def is_attached(self, node: TreeNode) -> bool:
+        """Whether ``node`` is part of this tree (not evicted, not from another tree). O(page_size)."""
+        if node is self.root:
+            return True
+        parent = node.parent
+        if parent is None or not node.key:
+            return False
+        return parent.children.get(self._child_key(node.key, 0, node.extra_key)) is node
+
+    def path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
+        """``node`` and its ancestors below the root, bottom-up. O(path)."""
+        while node is not self.root:
+            yield node
+            node = node.parent  # type: ignore[assignment]
+
+    def path_values(self, node: TreeNode) -> torch.Tensor:
+        """The KV indices of the prefix ending at ``node``: [0, node.depth). O(path + depth)."""
+        chunks = [x.value for x in self.path_to_root(node)]
+        if not chunks:
+            return _empty_kv(self.device)
+        chunks.reverse()
+        return torch.cat(chunks)
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every node, the root first, parents before children (iterative DFS). O(n)."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _walk(self, tokens: tuple[int, ...], extra_key: str | None) -> tuple[list[TreeNode], int, int]:
+        """Read-only walk: (fully matched nodes top-down, tokens they cover, tokens matched into the next
+        node's edge, 0 if none). The match length is rounded down to whole pages. O(len(tokens))."""
+        page = self.page_size
+        node, pos, path = self.root, 0, []
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(tokens, pos, extra_key))
+            if child is None:
+                break
+            n = common_prefix_len(child.key, tokens, pos)
+            if page > 1:
+                n -= n % page
+            if n < len(child.key):
+                path.append(child)
+                return path, pos, n
+            path.append(child)
+            pos += n
+            node = child
+        return path, pos, 0
+
+    def _split(self, child: TreeNode, num_tokens: int, now: int) -> TreeNode:
+        """Split ``child``'s edge after ``num_tokens`` tokens; return the new parent (the first part).
+
+        The new parent is a tombstone (a state is valid only at the child's end, so none is copied) and
+        inherits the child's full lock count, so the lock counters and sizes stay exact. Both halves are
+        touched (stamped ``now``). O(len(child.key)) for the key and value copies.
+        """
+        parent = child.parent
+        assert parent is not None
+        slot_key = self._child_key(child.key, 0, child.extra_key)
+        new = self._new_node(
+            child.key[:num_tokens],
+            child.value[:num_tokens].clone(),
+            parent,
+            child.depth - len(child.key) + num_tokens,
+            child.extra_key,
+        )
+        new.full_lock_ref = child.full_lock_ref
+        child.key = child.key[num_tokens:]
+        child.value = child.value[num_tokens:].clone()
+        child.parent = new
+        parent.children[slot_key] = new
+        new.children[self._child_key(child.key, 0, child.extra_key)] = child
+        new.last_access = now
+        child.last_access = now
+        self.index.update(new)
+        self.index.update(child)
+        return new
+
+    def _touch_path(self, path: list[TreeNode], now: int) -> None:
+        for node in path:
+            if node.last_access != now:
+                node.last_access = now
+                self.index.update(node)
+
+    def _touch_mamba(self, node: TreeNode, now: int) -> None:
+        if node.mamba_slot is not None and node.mamba_last_access != now:
+            node.mamba_last_access = now
+            self.index.update(node)
+
+    # -------------------------------------------------------------------------------------------- match
+    def match(self, key: RadixKey) -> TreeMatch:
+        """Longest cached prefix of ``key`` that ends at a checkpoint.
+
+        Side effects: ticks the clock; **may split a node** (a match that ends inside an edge splits it,
+        leaving a tombstone parent); stamps the full recency of every matched node; stamps the checkpoint
+        recency of the consumed node only (``mamba_lru_refresh="node"``) or of every checkpoint on the
+        matched path (``"path"``). With ``page_size > 1`` only whole pages are compared.
+        O(len(key) + path * log n).
+        """
+        tokens = key.token_ids
+        if self.page_size > 1 and len(tokens) % self.page_size:
+            tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
+        now = self.tick()
+        path, pos, partial = self._walk(tokens, key.extra_key)
+        if partial:
+            path[-1] = self._split(path[-1], partial, now)
+            pos += partial
+        self._touch_path(path, now)
+        best_idx = len(path) - 1
+        while best_idx >= 0 and path[best_idx].mamba_slot is None:
+            best_idx -= 1
+        if best_idx < 0:
+            return TreeMatch(_empty_kv(self.device), self.root, 0, pos)
+        best = path[best_idx]
+        if self.config.mamba_lru_refresh == "path":
+            for node in path[: best_idx + 1]:
+                self._touch_mamba(node, now)
+        else:
+            self._touch_mamba(best, now)
+        # torch.cat copies even a single chunk: the caller never aliases a node's value
+        indices = torch.cat([node.value for node in path[: best_idx + 1]])
+        return TreeMatch(indices, best, best.depth, pos)
+
+    # ------------------------------------------------------------------------------------------- insert
+    def insert(
+        self, key: RadixKey, value: torch.Tensor, mamba_slot: int, prev_prefix_len: int = 0
+    ) -> TreeInsert:
+        """Insert ``key`` with KV indices ``value`` and a checkpoint ``mamba_slot`` at its end.
+
+        Three outcomes at the end node: a new leaf holding the uncached remainder and the slot; a revived
+        tombstone (it takes the slot); or ``mamba_exists`` (a checkpoint is already there: the slot stays
+        the caller's). The caller's indices that duplicate tree KV at positions ``>= prev_prefix_len``
+        come back in ``duplicate_kv`` for the caller to free (positions below it are already the tree's).
+        After adding a checkpoint the per-path cap may tombstone older checkpoints (``capped_slots``).
+
+        Side effects: ticks the clock; may split a node; stamps every node on the path.
+        Raises :class:`InvalidArgument` (nothing changed) on a bad value, a slot the tree already holds,
+        an unaligned length or a ``prev_prefix_len`` deeper than the tree's match.
+        O(len(key) + path * log n).
+        """
+        tokens = key.token_ids
+        num_tokens = len(tokens)
+        self._check_insert_args(num_tokens, value, mamba_slot, prev_prefix_len)
+        path, pos, partial = self._walk(tokens, key.extra_key)  # read-only: a refusal changes nothing
+        if pos + partial < prev_prefix_len:
+            raise InvalidArgument(
+                f"prev_prefix_len={prev_prefix_len} but the tree holds only {pos + partial} tokens of this "
+                "key; pass the length of the locked prefix the request matched (cache_protected_len)"
+            )
+        now = self.tick()
+        if num_tokens == 0:
+            return TreeInsert(0, True, self.root, _empty_kv(self.device), [])
+        if partial:
+            path[-1] = self._split(path[-1], partial, now)
+            pos += partial
+        self._touch_path(path, now)
+        # The caller's KV at [prev_prefix_len, pos) duplicates the tree's: hand it back for freeing.
+        duplicate_kv = value[prev_prefix_len:pos] if pos > prev_prefix_len else _empty_kv(value.device)
+        if self.config.mamba_lru_refresh == "path":
+            for node in path:
+                self._touch_mamba(node, now)
+        end = path[-1] if path else self.root
+        if pos < num_tokens:
+            end = self._add_leaf(end, tokens[pos:], value[pos:].clone(), mamba_slot, key.extra_key, now)
+        elif end.mamba_slot is None:
+            self._set_checkpoint(end, mamba_slot, now)
+        else:
+            self._touch_mamba(end, now)
+            return TreeInsert(pos, True, end, duplicate_kv, [])
+        capped = self._enforce_path_cap(end)
+        return TreeInsert(pos, False, end, duplicate_kv, capped)
+
+    def _check_insert_args(
+        self, num_tokens: int, value: torch.Tensor, mamba_slot: int, prev_prefix_len: int
+    ) -> None:
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.dim() != 1:
+            got = (
+                f"{value.dtype} tensor of shape {tuple(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else type(value).__name__
+            )
+            raise InvalidArgument(f"kv indices must be a 1-D int64 tensor, got {got}")
+        if len(value) != num_tokens:
+            raise InvalidArgument(
+                f"kv indices have {len(value)} entries for {num_tokens} tokens; pass one index per token"
+            )
+        if num_tokens % self.page_size:
+            raise InvalidArgument(
+                f"insert of {num_tokens} tokens is not a multiple of page_size={self.page_size}; "
+                "truncate the key to whole pages"
+            )
+        if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
+            raise InvalidArgument(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
+        if not 0 <= prev_prefix_len <= num_tokens or prev_prefix_len % self.page_size:
+            raise InvalidArgument(
+                f"prev_prefix_len={prev_prefix_len} must be a multiple of page_size={self.page_size} "
+                f"in [0, {num_tokens}]"
+            )
+        if isinstance(mamba_slot, bool) or not isinstance(mamba_slot, int) or mamba_slot < 1:
+            raise InvalidArgument(
+                f"mamba_slot must be a state slot id >= 1 (0 is padding), got {mamba_slot!r}"
+            )
+        if mamba_slot in self.slot_owner:
+            raise InvalidArgument(
+                f"mamba_slot {mamba_slot} already belongs to tree node {self.slot_owner[mamba_slot].id}; "
+                "insert a fresh slot (copy the state first)"
+            )
+
+    def _add_leaf(
+        self,
+        parent: TreeNode,
+        key: tuple[int, ...],
+        value: torch.Tensor,
+        mamba_slot: int,
+        extra_key: str | None,
+        now: int,
+    ) -> TreeNode:
+        leaf = self._new_node(key, value, parent, parent.depth + len(key), extra_key)
+        was_leaf = not parent.children
+        parent.children[self._child_key(key, 0, extra_key)] = leaf
+        leaf.last_access = now
+        self.full_evictable_size += len(key)
+        self._set_checkpoint(leaf, mamba_slot, now)
+        if was_leaf:
+            self.index.update(parent)
+        return leaf
+
+    def _set_checkpoint(self, node: TreeNode, mamba_slot: int, now: int) -> None:
+        node.mamba_slot = mamba_slot
+        node.mamba_last_access = now
+        self.slot_owner[mamba_slot] = node
+        self.mamba_evictable_size += 1  # a fresh checkpoint has no mamba lock
+        self.index.update(node)
+
+    def _drop_checkpoint(self, node: TreeNode, freed: Freed) -> None:
+        """Tombstone an internal node (its KV stays). The checkpoint must be unlocked."""
+        slot = node.mamba_slot
+        assert slot is not None and node.mamba_lock_ref == 0 and node.children
+        node.mamba_slot = None
+        del self.slot_owner[slot]
+        self.mamba_evictable_size -= 1
+        self.index.update(node)
+        freed.slots.append(slot)
+        freed.num_states += 1
+
+    def _enforce_path_cap(self, tail: TreeNode) -> list[int]:
+        """Soft cap ``mamba_max_states_per_path`` on the path ending at ``tail`` (SGLang PR #31230).
+
+        Drops the shallowest checkpoints beyond the cap, skipping the tail, forks (``children != 1``)
+        and mamba-locked nodes, so a path can stay above the cap. O(path * log n).
+        """
+        cap = self.config.mamba_max_states_per_path
+        if cap < 0:
+            return []
+        holders = [node for node in self.path_to_root(tail) if node.mamba_slot is not None]
+        excess = len(holders) - cap
+        freed = Freed()
+        for node in reversed(holders):  # shallowest first
+            if excess <= 0:
+                break
+            if node is tail or node.mamba_lock_ref > 0 or len(node.children) != 1:
+                continue
+            self._drop_checkpoint(node, freed)
+            excess -= 1
+        return freed.slots
+
+    # -------------------------------------------------------------------------------------------- locks
+    def _check_lockable(self, node: TreeNode, verb: str) -> None:
+        if not isinstance(node, TreeNode):
+            raise InvalidArgument(f"{verb} needs a TreeNode, got {type(node).__name__}")
+        if not self.is_attached(node):
+            raise InvalidArgument(
+                f"cannot {verb} node {node.id}: it is no longer in the tree (evicted, or from another "
+                "cache); lock the last_node of a fresh match_prefix"
+            )
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock ``node``: a mamba lock on its checkpoint, a full lock on it and every ancestor.
+
+        Only a node holding a checkpoint (what match returns) or the root (a no-op) can be locked.
+        O(path * log n) for the counter and candidate-set updates on 0->1 transitions.
+        """
+        self._check_lockable(node, "lock")
+        if node is self.root:
+            return
+        if node.mamba_slot is None:
+            raise InvalidArgument(
+                f"cannot lock tombstone node {node.id}: a request locks the checkpoint node match_prefix "
+                "returned (last_node), or the root"
+            )
+        if node.mamba_lock_ref == 0:
+            self.mamba_evictable_size -= 1
+            self.mamba_protected_size += 1
+        node.mamba_lock_ref += 1
+        for x in self.path_to_root(node):
+            if x.full_lock_ref == 0:
+                self.full_evictable_size -= len(x.key)
+                self.full_protected_size += len(x.key)
+                x.full_lock_ref = 1
+                self.index.update(x)
+            else:
+                x.full_lock_ref += 1
+        self.index.update(node)
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Release one lock taken by :meth:`inc_lock_ref` on ``node``. O(path * log n).
+
+        Raises :class:`InvalidArgument` (nothing changed) if ``node`` holds no lock of its own.
+        """
+        self._check_lockable(node, "unlock")
+        if node is self.root:
+            return
+        if node.mamba_slot is None or node.mamba_lock_ref == 0:
+            raise InvalidArgument(
+                f"node {node.id} is not locked (mamba_lock_ref={node.mamba_lock_ref}); "
+                "every dec_lock_ref needs a matching inc_lock_ref on the same node"
+            )
+        node.mamba_lock_ref -= 1
+        if node.mamba_lock_ref == 0:
+            self.mamba_protected_size -= 1
+            self.mamba_evictable_size += 1
+        for x in self.path_to_root(node):
+            x.full_lock_ref -= 1
+            if x.full_lock_ref == 0:
+                self.full_protected_size -= len(x.key)
+                self.full_evictable_size += len(x.key)
+                self.index.update(x)
+        self.index.update(node)
+
+    # ----------------------------------------------------------------------------------------- eviction
+    def _remove_leaf(self, leaf: TreeNode, freed: Freed) -> None:
+        """Delete an unlocked leaf (KV and checkpoint), then every tombstone ancestor that becomes a leaf,
+        so no leaf is ever a tombstone. O(removed * log n)."""
+        node = leaf
+        while True:
+            assert not node.children and node.full_lock_ref == 0 and node.mamba_lock_ref == 0
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key, 0, node.extra_key)]
+            self.index.remove(node)
+            node.parent = None  # detached: is_attached() is False from now on
+            self.num_nodes -= 1
+            self.full_evictable_size -= len(node.key)
+            freed.kv.append(node.value)
+            freed.num_tokens += len(node.key)
+            if node.mamba_slot is not None:
+                del self.slot_owner[node.mamba_slot]
+                self.mamba_evictable_size -= 1
+                freed.slots.append(node.mamba_slot)
+                freed.num_states += 1
+                node.mamba_slot = None
+            self.index.update(parent)
+            if parent is self.root or parent.children or parent.mamba_slot is not None:
+                return
+            node = parent  # a tombstone that just became a leaf: it goes too
+
+    def evict(self, num_tokens: int = 0, num_states: int = 0) -> Freed:
+        """Pick and detach victims until at least ``num_tokens`` KV tokens and ``num_states`` checkpoints
+        were released (or no candidate is left). Returns what to free; frees nothing.
+
+        Tokens: unlocked leaves in LRU order, each with its checkpoint and the tombstone cascade.
+        States: unlocked checkpoints in ``mamba_eviction_order``; an internal node becomes a tombstone,
+        a leaf is removed with its KV. States released by the token phase count towards ``num_states``.
+        O(victims * log n).
+        """
+        for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidArgument(f"{name} must be an int >= 0, got {count!r}")
+        freed = Freed()
+        while freed.num_tokens < num_tokens:
+            leaf = self.index.first_full()
+            if leaf is None:
+                break
+            self._remove_leaf(leaf, freed)
+        while freed.num_states < num_states:
+            node = self.index.first_mamba()
+            if node is None:
+                break
+            if node.children:
+                self._drop_checkpoint(node, freed)
+            else:
+                self._remove_leaf(node, freed)
+        return freed
+
+    # ------------------------------------------------------------------------------------------ display
+    def pretty_print(self, max_tokens: int = 8) -> str:
+        """A readable dump: one line per node with tokens, KV span, slot, locks and stamps. O(n)."""
+        lines = [
+            f"RadixTree(page_size={self.page_size}, nodes={self.num_nodes}, clock={self.clock}, "
+            f"full evictable/protected={self.full_evictable_size}/{self.full_protected_size} tokens, "
+            f"mamba evictable/protected={self.mamba_evictable_size}/{self.mamba_protected_size} states)"
+        ]
+
+        def describe(node: TreeNode) -> str:
+            if node is self.root:
+                return "root"
+            head = " ".join(str(t) for t in node.key[:max_tokens])
+            more = f" …(+{len(node.key) - max_tokens})" if len(node.key) > max_tokens else ""
+            ns = f"ns={node.extra_key!r} " if node.extra_key is not None and node.parent is self.root else ""
+            first, last = int(node.value[0]), int(node.value[-1])
+            kv_text = f"kv={first}" if len(node.value) == 1 else f"kv={first}..{last}"
+            state = "tombstone" if node.mamba_slot is None else f"slot={node.mamba_slot}"
+            return (
+                f"#{node.id} {ns}[{head}{more}] len={len(node.key)} end={node.depth} {kv_text} {state} "
+                f"lock={node.full_lock_ref}/{node.mamba_lock_ref} "
+                f"t={node.last_access}/{node.mamba_last_access}"
+            )
+
+        stack: list[tuple[TreeNode, str, str]] = [(self.root, "", "")]
+        while stack:
+            node, prefix, branch = stack.pop()
+            lines.append(prefix + branch + describe(node))
+            children = sorted(node.children.values(), key=lambda c: c.id)
+            child_prefix = prefix + ("" if not branch else ("   " if branch == "└─ " else "│  "))
+            for i, child in enumerate(reversed(children)):
+                stack.append((child, child_prefix, "└─ " if i == 0 else "├─ "))
+        return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""CacheConfig: every ConfigError case (the message names the flag, the value and the fix), auto
+resolution, ping-pong size, slots reserved per request (DESIGN.md §6 table) and max_running_requests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mamba_radix import CacheConfig, ConfigError
+
+# (fields, regex the message must match): one row per validation rule
+CONFIG_ERRORS = [
+    ({"page_size": "4"}, r"--page-size must be an integer, got '4'"),
+    ({"page_size": 1.5}, r"--page-size must be an integer, got 1.5"),
+    ({"page_size": True}, r"--page-size must be an integer, got True"),
+    ({"mamba_track_interval": None}, r"--mamba-track-interval must be an integer"),
+    ({"disable_overlap_schedule": "yes"}, r"--disable-overlap-schedule must be true or false, got 'yes'"),
+    ({"skip_decode_lock": 1}, r"--skip-decode-lock must be true or false, got 1"),
+    ({"page_size": 0}, r"--page-size must be >= 1, got 0"),
+    ({"mamba_track_interval": 0}, r"--mamba-track-interval must be >= 1, got 0"),
+    ({"mamba_cache_chunk_size": -64}, r"--mamba-cache-chunk-size must be >= 1, got -64"),
+    ({"mamba_max_states_per_path": 0}, r"--mamba-max-states-per-path must be -1 \(unlimited\).*got 0"),
+    ({"mamba_max_states_per_path": -2}, r"--mamba-max-states-per-path must be -1 .*got -2"),
+    ({"chunked_prefill_size": 0}, r"--chunked-prefill-size must be -1 \(no chunking\).*got 0"),
+    ({"chunked_prefill_size": -5}, r"--chunked-prefill-size must be -1 .*got -5"),
+    ({"speculative_num_draft_tokens": -1}, r"--speculative-num-draft-tokens must be >= 0, got -1"),
+    (
+        {"mamba_radix_cache_strategy": "ping_pong"},
+        r"--mamba-radix-cache-strategy must be one of .*'ping_pong'",
+    ),
+    (
+        {"mamba_eviction_order": "fifo"},
+        r"--mamba-eviction-order must be one of leaf_first, root_first, mixed",
+    ),
+    ({"mamba_lru_refresh": "all"}, r"--mamba-lru-refresh must be one of node, path, got 'all'"),
+    ({"disaggregation_mode": "both"}, r"--disaggregation-mode must be null, prefill or decode, got 'both'"),
+    (
+        {"mamba_radix_cache_strategy": "no_buffer", "page_size": 16},
+        r"no_buffer needs --page-size 1 \(got 16\); set --page-size 1 or use --mamba-radix-cache-strategy "
+        r"extra_buffer",
+    ),
+    (
+        # auto falls back to no_buffer without extra-buffer support, which cannot page
+        {"page_size": 16, "model_supports_extra_buffer": False},
+        r"no_buffer needs --page-size 1 \(got 16\); set --page-size 1$",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer", "model_supports_extra_buffer": False},
+        r"extra_buffer needs a model with extra-buffer support; use --mamba-radix-cache-strategy no_buffer",
+    ),
+    (
+        {
+            "mamba_radix_cache_strategy": "extra_buffer",
+            "mamba_track_interval": 4,
+            "speculative_num_draft_tokens": 8,
+        },
+        r"--mamba-track-interval \(4\) must be >= --speculative-num-draft-tokens \(8\); raise the interval",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer", "page_size": 48, "mamba_track_interval": 256},
+        r"--mamba-track-interval \(256\) must be a multiple of --page-size \(48\)",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer", "disable_radix_cache": True},
+        r"extra_buffer is useless with --disable-radix-cache and no speculative decoding",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer_lazy", "disable_overlap_schedule": True},
+        r"extra_buffer_lazy requires overlap scheduling; drop --disable-overlap-schedule or use extra_buffer",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer_lazy", "disaggregation_mode": "decode"},
+        r"extra_buffer_lazy is not supported with PD disaggregation \(--disaggregation-mode decode\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), CONFIG_ERRORS, ids=[str(f) for f, _ in CONFIG_ERRORS])
+def test_config_error_names_flag_value_and_fix(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        CacheConfig(**fields)
+
+
+def test_replace_validates_and_config_is_frozen() -> None:
+    config = CacheConfig()
+    with pytest.raises(ConfigError, match="--page-size must be >= 1"):
+        config.replace(page_size=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.page_size = 4  # type: ignore[misc]
+    assert config.replace(page_size=4).page_size == 4
+
+
+@pytest.mark.parametrize(
+    ("fields", "strategy", "overlap"),
+    [
+        ({}, "extra_buffer", True),  # overlap on by default
+        ({"disable_overlap_schedule": True}, "no_buffer", False),
+        ({"disable_overlap_schedule": True, "page_size": 16}, "extra_buffer", False),  # paging forces it
+        ({"model_supports_extra_buffer": False}, "no_buffer", False),  # overlap forced off
+        ({"mamba_radix_cache_strategy": "no_buffer"}, "no_buffer", False),
+        ({"mamba_radix_cache_strategy": "extra_buffer_lazy"}, "extra_buffer_lazy", True),
+    ],
+)
+def test_auto_resolution(fields: dict, strategy: str, overlap: bool) -> None:
+    config = CacheConfig(**fields)
+    assert config.strategy == strategy
+    assert config.overlap is overlap
+
+
+def test_auto_never_resolves_to_lazy() -> None:
+    for overlap_off in (False, True):
+        for page_size in (1, 16):
+            config = CacheConfig(disable_overlap_schedule=overlap_off, page_size=page_size)
+            assert config.strategy != "extra_buffer_lazy"
+
+
+# DESIGN.md §6 / sglang-semantics §6.4: slots reserved per running request, and the ping-pong size P.
+SLOT_TABLE = [
+    ({"disable_radix_cache": True, "mamba_radix_cache_strategy": "no_buffer"}, 1, 0),
+    ({"mamba_radix_cache_strategy": "no_buffer"}, 3, 0),
+    ({"mamba_radix_cache_strategy": "extra_buffer"}, 5, 2),
+    ({"mamba_radix_cache_strategy": "extra_buffer", "disable_overlap_schedule": True}, 4, 1),
+    ({"mamba_radix_cache_strategy": "extra_buffer_lazy"}, 4, 2),
+    ({"mamba_radix_cache_strategy": "extra_buffer", "skip_decode_lock": True}, 4, 2),
+    ({"mamba_radix_cache_strategy": "extra_buffer_lazy", "skip_decode_lock": True}, 3, 2),
+    ({"mamba_radix_cache_strategy": "no_buffer", "skip_decode_lock": True}, 3, 0),
+]
+
+
+@pytest.mark.parametrize(("fields", "slots", "ping_pong"), SLOT_TABLE, ids=[str(f) for f, _, _ in SLOT_TABLE])
+def test_slots_per_request_and_ping_pong(fields: dict, slots: int, ping_pong: int) -> None:
+    config = CacheConfig(**fields)
+    assert config.slots_per_request == slots
+    assert config.ping_pong_size == ping_pong
+
+
+def test_max_running_requests_matches_the_seed() -> None:
+    # "capped to 16 by the mamba state cache (max_mamba_cache_size=80, 5 state slots per request)"
+    assert CacheConfig().max_running_requests(80) == 16
+    assert CacheConfig(mamba_radix_cache_strategy="no_buffer").max_running_requests(80) == 26
+
+
+@given(chunk=st.integers(1, 512), page=st.sampled_from([1, 2, 4, 16, 48, 64]))
+def test_checkpoint_grid_is_lcm(chunk: int, page: int) -> None:
+    config = CacheConfig(mamba_cache_chunk_size=chunk, page_size=page, mamba_track_interval=page * 8)
+    grid = config.mamba_checkpoint_grid
+    assert grid % chunk == 0 and grid % page == 0
+    assert all(m % chunk or m % page for m in range(1, grid))
