@@ -1,0 +1,260 @@
+"""The adapter protocol: the small surface through which the invariant suite drives any prefix cache.
+
+The state machine (:mod:`mamba_radix.testing.machine`) never touches a cache directly. It talks to a
+:class:`CacheAdapter`, which turns the suite's engine-neutral operations (insert a token sequence, match,
+lock, evict, run a request) into the cache's own calls, and which exposes what the checks need to see:
+a :class:`TreeSnapshot` (the resident prefixes, read by walking the tree, not by asking ``match``), an
+:class:`Ownership` record (who holds which KV index and state slot, next to what the pools say is
+allocated) and the stamp a state slot holds (:mod:`mamba_radix.state_stamp`).
+
+Writing an adapter for another engine's cache
+----------------------------------------------
+1. Build the cache and its pools from :class:`SuiteParams` in a factory ``f(params) -> adapter``. Ignore
+   knobs the cache does not have (say, ``eviction_order``) and list what it cannot do in
+   :attr:`CacheAdapter.capabilities` (``"requests"``, ``"cow"``, ``"extra_key"``, ``"faults"``); the machine
+   skips the rules that need a missing capability.
+2. ``insert``: allocate KV for the tokens and one state slot, write ``write_stamp(pool, slot,
+   fingerprint(tokens), len(tokens))`` into it (a stand-in for the model's forward), call the cache's insert,
+   return an :class:`InsertOutcome`; return ``None`` if memory could not be had even after eviction.
+3. ``match``: call the cache's lookup; with ``cow`` also let the cache copy the checkpoint into a fresh slot,
+   read that slot's stamp into ``cow_stamp`` and give the slot back. A :class:`MatchOutcome` carries an
+   opaque ``node`` handle that ``lock``/``unlock`` accept.
+4. ``snapshot``: walk the tree from the root and report every resident page-aligned prefix with the KV
+   indices of its last page, every checkpoint with its slot, and the prefix every node ends at, keyed by the node's
+   ``id`` attribute (or ``id(node)`` if it has none), so locks can be named. Plus the cache's own
+   evictable/protected counters.
+5. ``ownership``: for KV and state slots, the indices held by the tree, by each running request and by the
+   fault injector, plus what the pool reports as allocated and free. The checks compare them; the adapter
+   only reports.
+6. Requests (optional, capability ``"requests"``): ``admit``/``prefill_chunk``/``decode``/``finish``
+   drive the engine protocol of ``docs/architecture.md`` and stamp states as a model would.
+7. Run :func:`mamba_radix.testing.machine.make_machine` with your factory and a :class:`SuiteParams`
+   strategy, and expose the resulting ``TestCase`` to pytest.
+
+Keys are ``(extra_key, tokens)`` pairs with ``tokens`` a tuple, so a snapshot is plain data and a failing
+run prints values that are valid Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "AdmitOutcome",
+    "CacheAdapter",
+    "EvictOutcome",
+    "InsertOutcome",
+    "Key",
+    "MatchOutcome",
+    "Offer",
+    "Ownership",
+    "RunningView",
+    "SuiteParams",
+    "TreeSnapshot",
+]
+
+Key = tuple[Any, tuple[int, ...]]
+"""``(extra_key, tokens)``: a prefix in one namespace. ``(None, ())`` is the root."""
+
+Offer = tuple[Any, tuple[int, ...], tuple[int, ...], int]
+"""``(extra_key, tokens, kv_indices, start)``: what a request handed to the cache in one call: its tokens,
+its row of KV indices (as it was *before* the cache call) and the first position that was its own."""
+
+
+@dataclass(frozen=True)
+class SuiteParams:
+    """One configuration of the cache under test, drawn by the machine. Small on purpose: tiny pools make
+    eviction, tombstoning and allocation failure happen in almost every run.
+
+    ``kv_pages`` is the KV capacity in pages (tokens = ``kv_pages * page_size``); ``state_slots`` the usable
+    slots of the state pool; ``req_rows`` the request rows (the bound on running requests);
+    ``state_chunk`` the prefill checkpoint grid before the lcm with the page size; ``prefill_chunk`` the
+    chunked-prefill size; ``track_interval`` the decode checkpoint period.
+    """
+
+    page_size: int = 1
+    strategy: str = "no_buffer"
+    overlap: bool = False
+    eviction_order: str = "leaf_first"
+    lru_refresh: str = "node"
+    max_states_per_path: int = -1
+    kv_pages: int = 48
+    state_slots: int = 12
+    req_rows: int = 3
+    state_chunk: int = 2
+    prefill_chunk: int = 4
+    track_interval: int = 4
+
+
+@dataclass(frozen=True)
+class InsertOutcome:
+    """What a raw insert did. ``kv_indices`` are the indices the adapter allocated and handed over (the
+    cache frees the duplicates at positions below ``prefix_len``); ``slot`` the stamped state slot."""
+
+    prefix_len: int
+    mamba_exists: bool
+    kv_indices: tuple[int, ...]
+    slot: int
+    evicted: bool = False  # the adapter evicted to find memory, so the tree changed before the insert
+
+
+@dataclass(frozen=True)
+class MatchOutcome:
+    """What a match returned. ``node`` is an opaque handle for ``lock``/``unlock``; ``slot`` the checkpoint
+    slot of the hit (``None`` at the root); ``cow_stamp`` the stamp of the copy-on-write slot, if asked."""
+
+    hit_len: int
+    kv_indices: tuple[int, ...]
+    node: Any
+    slot: int | None
+    full_kv_hit_len: int
+    branching_seqlen: int | None
+    cow_stamp: tuple[int, int] | None = None
+    cow_skipped: bool = False  # no slot for the copy-on-write even after eviction: the hit was dropped
+
+
+@dataclass(frozen=True)
+class EvictOutcome:
+    num_tokens: int
+    num_states: int
+
+
+@dataclass(frozen=True)
+class AdmitOutcome:
+    """An admitted request: its id, the hit length of its admission match and the stamp of its live slot
+    right after admission (copy-on-write of the hit, or the cleared slot)."""
+
+    rid: int
+    hit_len: int
+    live_stamp: tuple[int, int]
+    cow_skipped: bool = False
+
+
+@dataclass(frozen=True)
+class RunningView:
+    """A running request as the checks see it.
+
+    ``tokens``: input + output so far; ``kv_len``: tokens whose KV is written; ``protected_len``: the
+    tree-owned, locked prefix; ``row``: the request's ``req_to_token`` row up to ``kv_len``; ``lock_node``:
+    the ``id`` of the node it holds locked; ``live_slot``/``track_slots``: its state slots.
+    """
+
+    rid: int
+    extra_key: Any
+    tokens: tuple[int, ...]
+    kv_len: int
+    protected_len: int
+    row: tuple[int, ...]
+    lock_node: int
+    live_slot: int | None
+    track_slots: tuple[int, ...]
+
+
+@dataclass
+class TreeSnapshot:
+    """The resident content of a cache, read by walking its tree.
+
+    ``kv``: every resident prefix key whose length is a multiple of the page size -> the KV indices of its
+    last page (one index when unpaged). Pages, not tokens: in a paged tree two siblings may share their
+    first tokens (children are keyed by whole pages), so a token-level map would be ambiguous.
+    ``checkpoints``: every prefix key with a checkpoint -> its slot; ``node_keys``: ``id(node)`` -> the
+    prefix key the node ends at (root included); ``counters``: the cache's own
+    ``full_evictable``/``full_protected``/``mamba_evictable``/``mamba_protected`` sizes.
+    """
+
+    kv: dict[Key, tuple[int, ...]] = field(default_factory=dict)
+    checkpoints: dict[Key, int] = field(default_factory=dict)
+    node_keys: dict[int, Key] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Ownership:
+    """Who holds what, for one pool (KV indices or state slots).
+
+    ``owners``: owner name (``"tree"``, ``"req 3"``, ``"fault"``...) -> the indices it holds, duplicates
+    kept (a duplicate is a bug the checks report); ``allocated``: what the pool says is allocated;
+    ``available``: what the pool says it can still hand out; ``capacity``: usable entries;
+    ``page_size``: ownership is checked per page (an index ``i`` lies in page ``i // page_size``).
+    """
+
+    name: str
+    owners: dict[str, list[int]]
+    allocated: list[int]
+    available: int
+    capacity: int
+    page_size: int = 1
+
+
+@runtime_checkable
+class CacheAdapter(Protocol):
+    """What the state machine needs from a cache. See the module docstring for how to write one."""
+
+    params: SuiteParams
+    capabilities: frozenset[str]
+
+    # ---------------------------------------------------------------------------------------- tree ops
+    def insert(self, extra_key: Any, tokens: Sequence[int]) -> InsertOutcome | None:
+        """Allocate KV and a stamped slot for ``tokens`` and insert them; ``None`` if memory ran out."""
+        ...
+
+    def match(self, extra_key: Any, tokens: Sequence[int], cow: bool) -> MatchOutcome: ...
+
+    def lock(self, node: Any) -> None: ...
+
+    def unlock(self, node: Any) -> None: ...
+
+    def evict(self, num_tokens: int, num_states: int) -> EvictOutcome: ...
+
+    # ------------------------------------------------------------------------------------ requests
+    def admit(self, rid: int, extra_key: Any, input_ids: Sequence[int]) -> AdmitOutcome | None:
+        """Match, allocate and lock a new request; ``None`` (and nothing held) if it cannot be admitted."""
+        ...
+
+    def prefill_chunk(self, rid: int) -> list[Offer] | None:
+        """Run the next prefill chunk and cache it. Returns what was offered to the cache, or ``None``
+        (nothing changed) if KV could not be had even after eviction."""
+        ...
+
+    def decode(self, rid: int, token: int) -> list[Offer] | None:
+        """Append one output token, checkpointing at a decode boundary. Returns the offers (empty when no
+        cache call was made), or ``None`` (nothing changed) if KV ran out."""
+        ...
+
+    def finish(self, rid: int, insert: bool) -> list[Offer]:
+        """``cache_finished_req`` (``insert=False``: an abort) and release the request's row."""
+        ...
+
+    def running(self) -> list[RunningView]: ...
+
+    def in_prefill(self, rid: int) -> bool: ...
+
+    # --------------------------------------------------------------------------------------- faults
+    def hold(self, pool: str, num: int) -> int:
+        """Take up to ``num`` entries of ``pool`` (``"kv"`` or ``"state"``) away; returns how many."""
+        ...
+
+    def release_holds(self) -> None: ...
+
+    def fail_next_allocs(self, pool: str, count: int) -> None:
+        """Make the next ``count`` allocations from ``pool`` return ``None``."""
+        ...
+
+    # -------------------------------------------------------------------------------------- observe
+    def snapshot(self) -> TreeSnapshot: ...
+
+    def ownership(self) -> list[Ownership]:
+        """One record per pool (KV indices, state slots, request rows)."""
+        ...
+
+    def read_stamp(self, slot: int) -> tuple[int, int]: ...
+
+    def check_invariants(self) -> None:
+        """The cache's own structural check; raises on a violation."""
+        ...
+
+    def dump(self) -> str:
+        """A readable dump of the tree for failure messages."""
+        ...

@@ -1,0 +1,484 @@
+"""The adapter that drives :class:`mamba_radix.cache.MambaRadixCache` and its pools through the suite.
+
+It builds a tiny cache from :class:`~mamba_radix.testing.adapter.SuiteParams` (pools of a few dozen KV
+tokens and a handful of state slots, so eviction and slot exhaustion happen all the time), plays the part
+of the model by stamping state slots (:mod:`mamba_radix.state_stamp`), and runs requests through the
+engine protocol of ``docs/architecture.md``: admission match on ``input[:-1]`` with copy-on-write, lock,
+allocation, chunked prefill with ``cache_unfinished_req`` after each chunk, decode with checkpoints at the
+track interval (the lazy strategy borrowing and releasing its second slot around it), and
+``cache_finished_req``.
+
+Before running a chunk or a decode step the adapter checks that the live state it starts from is the state
+of exactly the tokens whose KV the request holds (a model would otherwise continue from garbage).
+
+:func:`radix_params` is the Hypothesis strategy of configurations this cache accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from mamba_radix.cache import MambaRadixCache
+from mamba_radix.config import CacheConfig
+from mamba_radix.node import TreeNode
+from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
+from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from mamba_radix.request import Req
+from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
+from mamba_radix.strategies import is_decode_boundary, prefill_track_len
+from mamba_radix.testing.adapter import (
+    AdmitOutcome,
+    EvictOutcome,
+    InsertOutcome,
+    MatchOutcome,
+    Offer,
+    Ownership,
+    RunningView,
+    SuiteParams,
+    TreeSnapshot,
+)
+from mamba_radix.testing.checks import SuiteViolation, expected_stamp
+from mamba_radix.testing.faults import CapacityHold, FailNextAllocs
+from mamba_radix.tree import RadixKey
+
+__all__ = ["MambaRadixAdapter", "radix_params"]
+
+MAX_CONTEXT = 64  # request rows are this wide: inputs (<= 20) plus outputs (<= 12 per decode plan)
+_NO_SLOT = -1
+
+
+@st.composite
+def radix_params(
+    draw: st.DrawFn,
+    strategies: Sequence[str] = ("no_buffer", "extra_buffer", "extra_buffer_lazy"),
+    page_sizes: Sequence[int] = (1, 2, 4),
+) -> SuiteParams:
+    """Valid, tiny configurations of :class:`MambaRadixCache` (rules of ``CacheConfig``: no_buffer needs
+    page size 1 and runs without overlap; lazy needs overlap; the track interval is a page multiple)."""
+    strategy = draw(st.sampled_from(list(strategies)))
+    page = 1 if strategy == "no_buffer" else draw(st.sampled_from(list(page_sizes)))
+    overlap = {"no_buffer": False, "extra_buffer_lazy": True}.get(strategy)
+    if overlap is None:
+        overlap = draw(st.booleans())
+    per_request = CacheConfig(
+        page_size=page, mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap
+    ).slots_per_request
+    kv_tokens = draw(st.integers(12, 64))
+    return SuiteParams(
+        page_size=page,
+        strategy=strategy,
+        overlap=overlap,
+        eviction_order=draw(st.sampled_from(["leaf_first", "root_first", "mixed"])),
+        lru_refresh=draw(st.sampled_from(["node", "path"])),
+        max_states_per_path=draw(st.sampled_from([-1, -1, 1, 2, 3])),
+        kv_pages=max(kv_tokens // page, 2),
+        state_slots=draw(st.integers(per_request, 3 * per_request + 4)),
+        req_rows=draw(st.integers(1, 3)),
+        state_chunk=draw(st.sampled_from([1, 2, 4])),
+        # a page multiple when paged: chunks then start on page boundaries, so checkpoints land on pages
+        prefill_chunk=draw(st.sampled_from([2, 3, 4, 6, 8])) if page == 1 else page * draw(st.integers(1, 3)),
+        track_interval=page * draw(st.integers(1, 3)),
+    )
+
+
+class MambaRadixAdapter:
+    """:class:`~mamba_radix.testing.adapter.CacheAdapter` for our cache, pools and engine protocol."""
+
+    capabilities = frozenset({"requests", "cow", "extra_key", "faults", "branching"})
+
+    def __init__(self, params: SuiteParams) -> None:
+        self.params = params
+        self.config = CacheConfig(
+            page_size=params.page_size,
+            mamba_radix_cache_strategy=params.strategy,  # type: ignore[arg-type]
+            disable_overlap_schedule=not params.overlap,
+            mamba_track_interval=params.track_interval,
+            mamba_cache_chunk_size=params.state_chunk,
+            mamba_max_states_per_path=params.max_states_per_path,
+            mamba_eviction_order=params.eviction_order,  # type: ignore[arg-type]
+            mamba_lru_refresh=params.lru_refresh,  # type: ignore[arg-type]
+            chunked_prefill_size=params.prefill_chunk,
+        )
+        page = params.page_size
+        # Two conv tensors and a temporal one, each >= 16 bytes per layer row: a copy that skips a tensor
+        # or a layer leaves inconsistent stamps, which read_stamp reports.
+        self.mamba_pool = MambaPool(
+            params.state_slots, 2, [(2, 4), (4, 2)], (2, 2, 2), conv_dtypes=torch.bfloat16
+        )
+        self.req_pool = HybridReqToTokenPool(params.req_rows, MAX_CONTEXT, self.mamba_pool, self.config)
+        kv_tokens = params.kv_pages * page
+        self.allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+        if page == 1:
+            self.allocator = TokenToKVPoolAllocator(kv_tokens)
+        else:
+            self.allocator = PagedTokenToKVPoolAllocator(kv_tokens, page)
+        self.cache = MambaRadixCache(self.config, self.req_pool, self.allocator)
+        self.reqs: dict[int, Req] = {}
+        self.raw_locks = 0  # locks taken through lock(), outside any request
+        self.kv_hold = CapacityHold(self.allocator.alloc, self.allocator.free)
+        self.state_hold = CapacityHold(self.mamba_pool.alloc, self.mamba_pool.free)
+        kv_methods = ["alloc"] if page == 1 else ["alloc", "alloc_extend"]
+        self.kv_faults = [FailNextAllocs(self.allocator, m) for m in kv_methods]
+        self.state_faults = FailNextAllocs(self.mamba_pool, "alloc")
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _tree_size(self) -> tuple[int, int]:
+        c = self.cache
+        return (
+            c.full_evictable_size() + c.full_protected_size(),
+            c.mamba_evictable_size() + c.mamba_protected_size(),
+        )
+
+    @contextmanager
+    def _no_state_faults(self) -> Iterator[None]:
+        """Admission counts free slots before taking them, so an injected ``None`` there would not be a
+        realistic failure; capacity holds cover admission instead."""
+        pending = self.state_faults.remaining
+        self.state_faults.disarm()
+        try:
+            yield
+        finally:
+            self.state_faults.arm(pending)
+
+    def _stamp(self, slot: int, tokens: Sequence[int]) -> None:
+        write_stamp(self.mamba_pool, slot, fingerprint(tokens), len(tokens))
+
+    def _row(self, req: Req, upto: int) -> tuple[int, ...]:
+        assert req.req_pool_idx is not None
+        return tuple(self.req_pool.req_to_token[req.req_pool_idx, :upto].tolist())
+
+    def _alloc_kv(self, req: Req, n: int) -> torch.Tensor | None:
+        """KV for positions ``[kv_len, kv_len + n)`` of ``req``, evicting once on failure."""
+        for attempt in range(2):
+            if self.params.page_size == 1:
+                kv = self.allocator.alloc(n)
+            else:
+                last = self.req_pool.req_to_token[req.req_pool_idx, req.kv_len - 1] if req.kv_len else -1
+                kv = self.allocator.alloc_extend([req.kv_len], [req.kv_len + n], [int(last)], n)  # type: ignore[union-attr]
+            if kv is not None or attempt:
+                return kv
+            self.cache.evict(num_tokens=n + self.params.page_size)
+        return None
+
+    def _check_live(self, req: Req) -> None:
+        """The model is about to continue from the live slot: it must hold the state at ``kv_len``."""
+        assert req.mamba_pool_idx is not None
+        got = read_stamp(self.mamba_pool, req.mamba_pool_idx)
+        want = expected_stamp(tuple(req.token_ids(req.kv_len)))
+        if got != want:
+            raise SuiteViolation(
+                f"req {req.rid}: the model would continue from live slot {req.mamba_pool_idx} holding {got}, "
+                f"but its KV covers {req.kv_len} tokens {want}"
+            )
+
+    def _checkpoint_len(self, req: Req) -> int | None:
+        """Where the request holds a state it can hand to the tree now (tracked, or live)."""
+        return req.mamba_last_track_seqlen if self.config.uses_extra_buffer else req.kv_len
+
+    def _cache_unfinished(self, req: Req) -> None:
+        """``cache_unfinished_req``, then check that it made progress: unless the cache reports the
+        checkpoint skipped for want of a slot, the request's protected prefix now ends at the checkpoint
+        (a cache that silently never caches would otherwise pass every other check)."""
+        cache_len, protected = self._checkpoint_len(req), req.cache_protected_len
+        skipped = self.cache.stats.checkpoints_skipped
+        self.cache.cache_unfinished_req(req)
+        if cache_len is None or cache_len <= protected or self.cache.stats.checkpoints_skipped > skipped:
+            return
+        if req.cache_protected_len != cache_len:
+            raise SuiteViolation(
+                f"req {req.rid}: cache_unfinished_req with a state at {cache_len} tokens left the protected "
+                f"prefix at {req.cache_protected_len}"
+            )
+
+    def _offer(self, req: Req) -> Offer:
+        return (
+            req.extra_key,
+            tuple(req.token_ids(req.kv_len)),
+            self._row(req, req.kv_len),
+            req.cache_protected_len,
+        )
+
+    def _track(self, req: Req, length: int) -> None:
+        """The model writes the state at ``length`` into the ping-pong entry ``next_track_idx``."""
+        assert req.mamba_ping_pong_track_buffer is not None
+        slot = req.mamba_ping_pong_track_buffer[req.mamba_next_track_idx]
+        self._stamp(slot, req.token_ids(length))
+        req.mamba_last_track_seqlen = length
+        if not self.config.is_lazy:
+            req.mamba_next_track_idx = self.req_pool.ping_pong_other_idx(req.mamba_next_track_idx)
+
+    # ------------------------------------------------------------------------------------ tree ops
+    def insert(self, extra_key: Any, tokens: Sequence[int]) -> InsertOutcome | None:
+        before = self._tree_size()
+        kv = self.cache.alloc_token_slots(len(tokens))
+        if kv is None:
+            return None
+        slot = self.cache.alloc_state_slot()
+        if slot is None:
+            self.allocator.free(kv)
+            return None
+        evicted = self._tree_size() != before
+        self._stamp(slot, tokens)
+        res = self.cache.insert(RadixKey(tuple(tokens), extra_key), kv, slot)
+        if res.mamba_exists:
+            self.mamba_pool.free([slot])
+        return InsertOutcome(res.prefix_len, res.mamba_exists, tuple(kv.tolist()), slot, evicted)
+
+    def match(self, extra_key: Any, tokens: Sequence[int], cow: bool) -> MatchOutcome:
+        req = Req(rid="match", origin_input_ids=list(tokens), extra_key=extra_key) if cow else None
+        skipped = self.cache.stats.cow_skipped
+        m = self.cache.match_prefix(RadixKey(tuple(tokens), extra_key), cow_mamba=cow, req=req)
+        cow_stamp = None
+        if req is not None and req.mamba_pool_idx is not None:
+            cow_stamp = read_stamp(self.mamba_pool, req.mamba_pool_idx)
+            self.mamba_pool.free([req.mamba_pool_idx])
+        return MatchOutcome(
+            hit_len=len(m.device_indices),
+            kv_indices=tuple(m.device_indices.tolist()),
+            node=m.last_node,
+            slot=m.mamba_slot,
+            full_kv_hit_len=m.full_kv_hit_len,
+            branching_seqlen=m.mamba_branching_seqlen,
+            cow_stamp=cow_stamp,
+            cow_skipped=self.cache.stats.cow_skipped > skipped,
+        )
+
+    def lock(self, node: Any) -> None:
+        self.cache.inc_lock_ref(node)
+        self.raw_locks += 1
+
+    def unlock(self, node: Any) -> None:
+        self.cache.dec_lock_ref(node)
+        self.raw_locks -= 1
+
+    def evict(self, num_tokens: int, num_states: int) -> EvictOutcome:
+        res = self.cache.evict(num_tokens=num_tokens, num_states=num_states)
+        return EvictOutcome(res.num_tokens, res.num_states)
+
+    # ------------------------------------------------------------------------------------ requests
+    def admit(self, rid: int, extra_key: Any, input_ids: Sequence[int]) -> AdmitOutcome | None:
+        """Engine protocol steps 1-2 through :meth:`MambaRadixCache.admit` (match on ``input[:-1]`` with
+        copy-on-write, lock, make room, allocate, write the hit into the row)."""
+        req = Req(rid=rid, origin_input_ids=list(input_ids), extra_key=extra_key)
+        skipped = self.cache.stats.cow_skipped
+        with self._no_state_faults():
+            admitted = self.cache.admit(req)
+        if not admitted:
+            if req.mamba_pool_idx is not None or req.last_node is not None or req.req_pool_idx is not None:
+                raise SuiteViolation(
+                    f"admit {rid}: a refused admission left the request holding slot {req.mamba_pool_idx}, "
+                    f"lock {req.last_node} or row {req.req_pool_idx}"
+                )
+            return None
+        self.reqs[rid] = req
+        assert req.mamba_pool_idx is not None
+        if req.kv_len != req.cache_protected_len or self._row(req, req.kv_len) != tuple(
+            req.prefix_indices.tolist()
+        ):
+            raise SuiteViolation(f"admit {rid}: kv_len / row do not start at the hit's indices")
+        stamp = read_stamp(self.mamba_pool, req.mamba_pool_idx)
+        return AdmitOutcome(rid, req.cache_protected_len, stamp, self.cache.stats.cow_skipped > skipped)
+
+    def in_prefill(self, rid: int) -> bool:
+        req = self.reqs[rid]
+        return req.kv_len < len(req.origin_input_ids)
+
+    def prefill_chunk(self, rid: int) -> list[Offer] | None:
+        req = self.reqs[rid]
+        start = req.kv_len
+        n = min(self.params.prefill_chunk, len(req.origin_input_ids) - start)
+        kv = self._alloc_kv(req, n)
+        if kv is None:
+            return None
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
+        self.req_pool.write(req.req_pool_idx, start, kv)
+        self._check_live(req)
+        self._stamp(req.mamba_pool_idx, req.token_ids(start + n))
+        if self.config.uses_extra_buffer:
+            track = prefill_track_len(self.config, start, n, req.mamba_branching_seqlen)
+            if track is not None:
+                self._track(req, track)
+        req.kv_len = start + n
+        offer = self._offer(req)
+        self._cache_unfinished(req)
+        return [offer]
+
+    def decode(self, rid: int, token: int) -> list[Offer] | None:
+        req = self.reqs[rid]
+        req.output_ids.append(token)
+        kv = self._alloc_kv(req, 1)
+        if kv is None:
+            req.output_ids.pop()
+            return None
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
+        self.req_pool.write(req.req_pool_idx, req.kv_len, kv)
+        self._check_live(req)
+        seq_len = req.kv_len + 1
+        self._stamp(req.mamba_pool_idx, req.token_ids(seq_len))
+        req.kv_len = seq_len
+        if not is_decode_boundary(self.config, seq_len):
+            return []
+        if self.config.is_lazy and not self.req_pool.lazy_alloc_boundary_slot(req):
+            self.cache.evict(num_states=1)
+            if not self.req_pool.lazy_alloc_boundary_slot(req):
+                return []  # no slot for this boundary: the checkpoint is skipped, nothing corrupted
+        self._track(req, seq_len)
+        offer = self._offer(req)
+        self._cache_unfinished(req)
+        if self.config.is_lazy:
+            self.req_pool.lazy_release_old_slot(req)
+        return [offer]
+
+    def finish(self, rid: int, insert: bool) -> list[Offer]:
+        req = self.reqs.pop(rid)
+        offer = self._offer(req)
+        cache_len, protected = self._checkpoint_len(req), req.cache_protected_len
+        self.cache.cache_finished_req(req, is_insert=insert)
+        self.req_pool.free(req)
+        if insert and req.mamba_lazy_is_insert and cache_len is not None and cache_len > protected:
+            key = (req.extra_key, tuple(req.token_ids(cache_len)))
+            if key not in self.snapshot().checkpoints:
+                raise SuiteViolation(
+                    f"finish {rid}: no checkpoint at {cache_len} tokens after cache_finished_req"
+                )
+        return [offer]
+
+    def running(self) -> list[RunningView]:
+        views = []
+        for rid, req in sorted(self.reqs.items()):
+            assert req.last_node is not None
+            track = tuple(s for s in (req.mamba_ping_pong_track_buffer or []) if s != _NO_SLOT)
+            views.append(
+                RunningView(
+                    rid=rid,
+                    extra_key=req.extra_key,
+                    tokens=tuple(req.all_token_ids),
+                    kv_len=req.kv_len,
+                    protected_len=req.cache_protected_len,
+                    row=self._row(req, req.kv_len),
+                    lock_node=req.last_node.id,
+                    live_slot=req.mamba_pool_idx,
+                    track_slots=track,
+                )
+            )
+        return views
+
+    # ------------------------------------------------------------------------------------ faults
+    def hold(self, pool: str, num: int) -> int:
+        if pool == "kv":
+            page = self.params.page_size
+            return self.kv_hold.take(num * page) // page
+        return self.state_hold.take(num)
+
+    def release_holds(self) -> None:
+        as_tensor = lambda ids: torch.tensor(ids, dtype=torch.int64)  # noqa: E731
+        self.kv_hold.release(as_tensor)
+        self.state_hold.release(as_tensor)
+
+    def fail_next_allocs(self, pool: str, count: int) -> None:
+        for fault in self.kv_faults if pool == "kv" else [self.state_faults]:
+            fault.arm(count)
+
+    # ------------------------------------------------------------------------------------ observe
+    def snapshot(self) -> TreeSnapshot:
+        """Walk the tree (not ``match``) and list its content. O(resident tokens x depth)."""
+        tree = self.cache.tree
+        page = self.params.page_size
+        snap = TreeSnapshot()
+        root: TreeNode = tree.root
+        snap.node_keys[root.id] = (None, ())
+        stack: list[tuple[TreeNode, tuple[int, ...]]] = [(root, ())]
+        while stack:
+            node, prefix = stack.pop()
+            for child in node.children.values():
+                toks = prefix + tuple(child.key)
+                extra = child.extra_key
+                values = child.value.tolist()
+                for i in range(0, len(values), page):
+                    snap.kv[(extra, toks[: len(prefix) + i + page])] = tuple(values[i : i + page])
+                snap.node_keys[child.id] = (extra, toks)
+                if child.mamba_slot is not None:
+                    snap.checkpoints[(extra, toks)] = int(child.mamba_slot)
+                stack.append((child, toks))
+        c = self.cache
+        snap.counters = {
+            "full_evictable": c.full_evictable_size(),
+            "full_protected": c.full_protected_size(),
+            "mamba_evictable": c.mamba_evictable_size(),
+            "mamba_protected": c.mamba_protected_size(),
+        }
+        return snap
+
+    def ownership(self) -> list[Ownership]:
+        tree_kv: list[int] = []
+        tree_slots: list[int] = []
+        for node in self.cache.tree.nodes():
+            tree_kv.extend(node.value.tolist())
+            if node.mamba_slot is not None:
+                tree_slots.append(int(node.mamba_slot))
+        kv_owners: dict[str, list[int]] = {"tree": tree_kv, "fault": list(self.kv_hold.held)}
+        slot_owners: dict[str, list[int]] = {"tree": tree_slots, "fault": list(self.state_hold.held)}
+        row_owners: dict[str, list[int]] = {}
+        for rid, req in self.reqs.items():
+            kv_owners[f"req {rid}"] = list(self._row(req, req.kv_len)[req.cache_protected_len :])
+            held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
+            held += [s for s in (req.mamba_ping_pong_track_buffer or []) if s != _NO_SLOT]
+            slot_owners[f"req {rid}"] = held
+            row_owners[f"req {rid}"] = [] if req.req_pool_idx is None else [req.req_pool_idx]
+        rows = self.req_pool
+        return [
+            Ownership(
+                "KV",
+                kv_owners,
+                self.allocator.allocated_indices().tolist(),
+                self.allocator.available_size(),
+                self.allocator.size,
+                self.params.page_size,
+            ),
+            Ownership(
+                "state slots",
+                slot_owners,
+                self.mamba_pool.allocated_slots().tolist(),
+                self.mamba_pool.available_size(),
+                self.mamba_pool.size,
+            ),
+            Ownership(
+                "request rows",
+                row_owners,
+                [r for r in range(1, rows.size + 1) if rows.is_row_allocated(r)],
+                rows.available_size(),
+                rows.size,
+            ),
+        ]
+
+    def read_stamp(self, slot: int) -> tuple[int, int]:
+        return read_stamp(self.mamba_pool, slot)
+
+    def check_invariants(self) -> None:
+        """The cache's own check, plus the request pool's slot mirror against the requests' fields.
+
+        The cache's request checks need every holder of memory and of locks, so the running requests are
+        passed only while no capacity is held away by the fault injector and no lock is held outside a
+        request (neither of which the cache can know of).
+        """
+        complete = not (self.kv_hold.held or self.state_hold.held or self.raw_locks)
+        self.cache.check_invariants(list(self.reqs.values()) if complete else None)
+        held = sorted(
+            s
+            for req in self.reqs.values()
+            for s in [req.mamba_pool_idx or 0, *(req.mamba_ping_pong_track_buffer or [])]
+            if s > 0
+        )
+        if self.req_pool.reserved_slots() != held:
+            raise SuiteViolation(
+                f"HybridReqToTokenPool thinks requests hold slots {self.req_pool.reserved_slots()}, "
+                f"their fields say {held}"
+            )
+
+    def dump(self) -> str:
+        return self.cache.pretty_print()

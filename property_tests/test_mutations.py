@@ -1,0 +1,119 @@
+"""Mutation check: plant known bugs in the tree or cache and show that the state machine catches each.
+
+Every mutant is installed with ``monkeypatch`` (undone after the test) as a thin wrapper around the real
+method, so it keeps tracking the real code. The cache's own ``check_invariants`` is switched off for the
+run: the suite's independent checks (oracle, conservation against the pools, accounting, state stamps,
+eviction amounts, teardown) must find the bug by themselves. Runs are deterministic (``derandomize``, no
+example database) and bounded (a fixed example budget, no shrinking), so this file costs seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from mamba_radix.cache import MambaRadixCache
+from mamba_radix.testing import MambaRadixAdapter, make_machine, radix_params
+from mamba_radix.tree import Freed, RadixTree
+
+AnyConfigMachine = make_machine(MambaRadixAdapter, radix_params(), "AnyConfigMachine")
+
+BUDGET = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # finding is enough; shrinking would only cost time
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+# --------------------------------------------------------------------------------------------- mutants
+def leaf_eviction_keeps_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removing a leaf forgets to hand back its checkpoint slot (a slot leak)."""
+    original = RadixTree._remove_leaf
+
+    def mutant(self: RadixTree, leaf, freed: Freed) -> None:
+        first = len(freed.slots)
+        original(self, leaf, freed)
+        del freed.slots[first : first + 1]  # the leaf's own checkpoint is the first slot it releases
+
+    monkeypatch.setattr(RadixTree, "_remove_leaf", mutant)
+
+
+def split_copies_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split gives the new parent the child's checkpoint slot (a state valid only at the child's end)."""
+    original = RadixTree._split
+
+    def mutant(self: RadixTree, child, num_tokens: int, now: int):
+        parent = original(self, child, num_tokens, now)
+        parent.mamba_slot = child.mamba_slot
+        return parent
+
+    monkeypatch.setattr(RadixTree, "_split", mutant)
+
+
+def unlock_skips_ancestor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dec_lock_ref`` forgets to release the parent of the unlocked node."""
+    original = RadixTree.dec_lock_ref
+
+    def mutant(self: RadixTree, node) -> None:
+        original(self, node)
+        parent = node.parent
+        if parent is not None and parent is not self.root:
+            parent.full_lock_ref += 1  # the decrement that was skipped
+
+    monkeypatch.setattr(RadixTree, "dec_lock_ref", mutant)
+
+
+def cow_skips_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy-on-write of a hit allocates the request's slot but never copies the checkpoint into it."""
+    original = MambaRadixCache._copy_on_write
+
+    def mutant(self: MambaRadixCache, req, node) -> bool:
+        self.mamba_pool.copy_from = lambda src, dst: None  # type: ignore[method-assign]
+        try:
+            return original(self, req, node)
+        finally:
+            del self.mamba_pool.copy_from  # back to the class's method
+
+    monkeypatch.setattr(MambaRadixCache, "_copy_on_write", mutant)
+
+
+def unfinished_req_never_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cache_unfinished_req`` only refreshes the request and never inserts (a silent non-cache)."""
+
+    def mutant(self: MambaRadixCache, req) -> None:
+        req.mamba_last_track_seqlen = None
+
+    monkeypatch.setattr(MambaRadixCache, "cache_unfinished_req", mutant)
+
+
+MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "leaf_eviction_keeps_slot": leaf_eviction_keeps_slot,
+    "split_copies_checkpoint": split_copies_checkpoint,
+    "unlock_skips_ancestor": unlock_skips_ancestor,
+    "cow_skips_copy": cow_skips_copy,
+    "unfinished_req_never_caches": unfinished_req_never_caches,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_suite_catches_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    MUTANTS[name](monkeypatch)
+    monkeypatch.setattr(MambaRadixCache, "check_invariants", lambda self, running_reqs=None: None)
+    start = time.perf_counter()
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(AnyConfigMachine, settings=BUDGET)
+    print(f"{name}: caught in {time.perf_counter() - start:.1f}s: {str(caught.value).splitlines()[0]}")
+
+
+def test_unmutated_cache_passes_the_same_budget() -> None:
+    """The control: the same bounded run without a mutant finds nothing, so a mutant's failure is its own."""
+    run_state_machine_as_test(AnyConfigMachine, settings=BUDGET)
