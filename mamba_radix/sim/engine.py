@@ -1,0 +1,624 @@
+"""The engine loop: replays a trace through the real :class:`~mamba_radix.cache.MambaRadixCache` and pools
+with SGLang's scheduler rules (``docs/architecture.md`` "Engine protocol"; ``reference/sglang-semantics.md``
+§4.7-4.8, §7).
+
+Per request:
+
+1. admission (FCFS): a plain ``match_prefix(input[:-1])`` first, to check that the KV tokens fit (free +
+   evictable must cover what this and every admitted request will still allocate, so a running request
+   never runs out); then ``match_prefix(input[:-1], cow_mamba=True, req=req)``; ``req.last_node`` is locked
+   *before* ``HybridReqToTokenPool.alloc`` (which runs after evicting checkpoints if slots are short), so the
+   eviction that makes room cannot take the matched checkpoint; running requests are capped at
+   ``slots // slots_per_request`` (and ``max_running_requests``); any failure undoes the lock and returns
+   the copy-on-write slot;
+2. chunked prefill: per chunk ``alloc_token_slots`` (evicts on failure), write the row, "run the model",
+   ``cache_unfinished_req``; the last chunk yields the first token (TTFT);
+3. decode: at ``strategies.is_decode_boundary`` the state is tracked and ``cache_unfinished_req`` called
+   (lazy: borrow the second ping-pong slot first, release the old one after);
+4. finish: ``cache_finished_req``; the request row is freed.
+
+The model's forward is replaced by state stamps (:mod:`mamba_radix.state_stamp`): the live slot is
+stamped with the fingerprint of the tokens it summarises at every chunk end and decode event, the track
+slot at the tracked length. With ``verify_states`` every prefill chunk and decode segment first checks that
+the live slot holds the stamp of exactly the tokens before it: a hit that returned the wrong checkpoint, a
+copy-on-write that copied the wrong slot or a donation that lost a state is caught at once.
+
+**Decode jumps.** Decode is not simulated token by token. Every decoding request advances one token per
+global decode step, but the engine only touches a request at its own events (the next track boundary or
+its last token): the KV of all the steps since its previous event is allocated in one segment, and the
+state stamped once. This is exact for the tree, the checkpoints and the time model (lockstep steps), and
+approximates only *when* decode KV is taken from the pool: a real engine allocates one token per step,
+so between two events of a request its KV usage grows smoothly while here it grows in one jump at the
+event. The admission rule reserves those tokens in advance, so the jump never overcommits the pool; it
+can shift which cached entry gets evicted first by a few steps. Pool samples count the owed KV as used.
+
+**Modes.** ``timed``: arrivals at trace timestamps (times ``arrival_time_scale``), requests run
+concurrently; a prefill batch (the chunked request first, then new admissions, at most
+``chunked_prefill_size`` tokens) takes ``overhead + tokens / prefill_tokens_per_s`` seconds and pauses
+decode; a decode step takes ``decode_step_s + decode_step_per_req_s * batch``. ``sequential``: one request
+at a time, arrivals ignored (exact, order-only comparisons); the same cost model still gives TTFTs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Literal
+
+import torch
+
+from mamba_radix import strategies
+from mamba_radix.config import CacheConfig
+from mamba_radix.errors import ConfigError, MambaRadixError
+from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
+from mamba_radix.request import Req
+from mamba_radix.sim.budget import PoolSizes
+from mamba_radix.sim.ideal import IdealHit, ideal_for
+from mamba_radix.sim.metrics import PoolSample, RunMetrics
+from mamba_radix.sim.traces import TraceRequest
+from mamba_radix.state_stamp import (
+    EMPTY_FINGERPRINT,
+    fingerprint,
+    fingerprint_extend,
+    read_stamp,
+    write_stamp,
+)
+
+__all__ = ["CostModel", "Engine", "EngineOptions", "SimulationError", "StateMismatchError"]
+
+Mode = Literal["timed", "sequential"]
+
+# Tiny state shapes for the simulator's MambaPool: 16 bytes per tensor per slot, just what a stamp needs.
+# The bytes a real model moves come from the model spec (PoolSizes.bytes_per_state_slot).
+SIM_STATE_LAYERS = 1
+SIM_CONV_SHAPES = [(8,)]  # bf16: 16 bytes
+SIM_TEMPORAL_SHAPE = (4,)  # float32: 16 bytes
+
+
+class SimulationError(MambaRadixError):
+    """The simulation cannot go on: a pool ran out although admission reserved room (an engine bug)."""
+
+
+class StateMismatchError(SimulationError, AssertionError):
+    """A state slot does not hold the state of the tokens it should summarise (a cache bug)."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Simulated time. Defaults are round numbers for one TP8 instance of a large MoE model, not measured;
+    what matters for comparisons is that every configuration uses the same ones."""
+
+    prefill_tokens_per_s: float = 40_000.0
+    prefill_batch_overhead_s: float = 0.005
+    decode_step_s: float = 0.025
+    decode_step_per_req_s: float = 0.0002
+
+    def prefill_s(self, num_tokens: int) -> float:
+        return self.prefill_batch_overhead_s + num_tokens / self.prefill_tokens_per_s
+
+    def decode_step_time_s(self, batch_size: int) -> float:
+        return self.decode_step_s + self.decode_step_per_req_s * batch_size
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run (not what to cache: that is the :class:`CacheConfig`)."""
+
+    mode: Mode = "timed"
+    cost: CostModel = field(default_factory=CostModel)
+    arrival_time_scale: float = 1.0
+    max_running_requests: int | None = None
+    verify_states: bool = True
+    check_invariants_every: int = 0  # run cache.check_invariants() every N finished requests; 0 = never
+    num_samples: int = 400
+    keep_per_request: bool = False
+    # Debug: touch every decoding request at every step (token by token, slow) instead of jumping from
+    # event to event; for checking the decode-jump approximation.
+    decode_step_events: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("timed", "sequential"):
+            raise ConfigError(f"--mode must be timed or sequential, got {self.mode!r}")
+        if self.arrival_time_scale <= 0:
+            raise ConfigError(f"--arrival-time-scale must be > 0, got {self.arrival_time_scale}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ConfigError(f"--max-running-requests must be >= 1, got {self.max_running_requests}")
+        if self.cost.prefill_tokens_per_s <= 0 or self.cost.decode_step_s < 0:
+            raise ConfigError("--prefill-tokens-per-s must be > 0 and --decode-step-s >= 0")
+
+
+class _CountingMambaPool(MambaPool):
+    """The real MambaPool, counting the slots copied through it (copy-on-write, no_buffer checkpoints)."""
+
+    copied_slots: int = 0
+    copy_calls: int = 0
+
+    def copy_from(self, src_slots: Any, dst_slots: Any) -> None:
+        super().copy_from(src_slots, dst_slots)
+        self.copied_slots += int(torch.as_tensor(dst_slots).numel())
+        self.copy_calls += 1
+
+    def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
+        out = super().fork(src_slot, num_slots)
+        if out is not None:
+            self.copied_slots += num_slots
+            self.copy_calls += 1
+        return out
+
+
+@dataclass(eq=False)
+class _SimReq:
+    """A request inside the engine: the cache's :class:`Req` plus the simulator's bookkeeping."""
+
+    trace: TraceRequest
+    req: Req
+    arrival_s: float
+    input_ids: list[int]
+    output_ids: list[int]
+    final_kv_len: int  # KV committed at finish: input + output - 1 (the last token's KV is never computed)
+    owed_tokens: int  # KV tokens this request will still allocate (reserved at admission)
+    fp: int  # fingerprint of the tokens whose state the live slot holds (kv_len of them)
+    admitted_s: float = 0.0
+    sync_step: int = 0  # global decode step at which kv_len was last brought up to date
+    event_step: int = 0  # global decode step of this request's next event
+    in_decode: bool = False
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        n_in = len(self.input_ids)
+        if end <= n_in:
+            return self.input_ids[start:end]
+        return (self.input_ids + self.output_ids)[start:end]
+
+
+class Engine:
+    """One simulation: pools sized by ``pools``, the cache built over them, a trace replayed through it.
+
+    Side effects: allocates the pools (the request table is ``rows x max_context_len`` int32).
+    """
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        pools: PoolSizes,
+        max_context_len: int,
+        options: EngineOptions | None = None,
+    ) -> None:
+        from mamba_radix.cache import MambaRadixCache  # the cache lands later than the pools
+
+        self.config = config
+        self.pools = pools
+        self.options = options or EngineOptions()
+        if config.page_size != 1:
+            raise ConfigError("the simulator supports --page-size 1 only so far; use --page-size 1")
+        self.max_running = config.max_running_requests(pools.state_slots)
+        self.rows_bound = "state_slots"
+        if (
+            self.options.max_running_requests is not None
+            and self.options.max_running_requests < self.max_running
+        ):
+            self.max_running, self.rows_bound = self.options.max_running_requests, "req_rows"
+        if self.max_running < 1:
+            raise ConfigError(
+                f"{pools.state_slots} state slots admit no request ({config.slots_per_request} per request); "
+                "raise --max-mamba-cache-size or the memory ratio"
+            )
+        self.mamba_pool = _CountingMambaPool(
+            pools.state_slots,
+            SIM_STATE_LAYERS,
+            SIM_CONV_SHAPES,
+            SIM_TEMPORAL_SHAPE,
+            conv_dtypes=torch.bfloat16,
+            temporal_dtype=torch.float32,
+        )
+        self.req_pool = HybridReqToTokenPool(self.max_running, max_context_len + 1, self.mamba_pool, config)
+        self.kv_pool = TokenToKVPoolAllocator(pools.kv_tokens)
+        self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool)
+        self.max_context_len = max_context_len
+        self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
+        # scheduler state
+        self.now_s = 0.0
+        self.global_step = 0
+        self.waiting: deque[tuple[TraceRequest, float]] = deque()
+        self.prefilling: deque[_SimReq] = deque()
+        self.decoding: set[_SimReq] = set()
+        self._events: list[tuple[int, int, _SimReq]] = []
+        self._event_seq = 0
+        self.owed_tokens_total = 0
+        self.finished = 0
+        self.rejected = 0
+        # admission is retried only after resources changed (a request finished) or the head changed
+        self._resource_epoch = 0
+        self._blocked: tuple[int, int] | None = None
+        self._ideal: IdealHit | None = None
+        self._ideal_hits: dict[int, int] = {}
+        self._sample_every = 1
+        self.lazy_boundary_skips = 0
+        self._on_finish: Callable[[int], None] | None = None
+
+    # ----------------------------------------------------------------------------------------- running
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    def run(
+        self,
+        requests: Iterable[TraceRequest],
+        total: int | None = None,
+        on_finish: Callable[[int], None] | None = None,
+    ) -> RunMetrics:
+        """Replay ``requests`` (in trace order) to the end. ``total`` (if known) spaces the pool samples;
+        ``on_finish(n)`` is called after each finished request (progress bars).
+
+        Side effects: mutates the cache and pools. Cost: dominated by the cache's operations, O(tokens)
+        per request plus O(log n) per decode event.
+        """
+        if total:
+            self._sample_every = max(1, total // max(1, self.options.num_samples))
+        self._on_finish = on_finish
+        source = iter(requests)
+        pending = self._pull(source)
+        sequential = self.options.mode == "sequential"
+        self._sample()
+        while True:
+            # arrivals
+            if sequential:  # the next request "arrives" when the previous one is done: no queueing
+                if pending is not None and not self.waiting and self.running == 0:
+                    self.waiting.append((pending[0], self.now_s))
+                    pending = self._pull(source)
+            else:
+                while pending is not None and pending[1] <= self.now_s:
+                    self.waiting.append(pending)
+                    pending = self._pull(source)
+            # a prefill batch has priority over decode (SGLang without mixed chunks)
+            if self._prefill_step():
+                continue
+            if self.decoding:
+                limit = None
+                if pending is not None and not self.waiting and not sequential:
+                    step_s = self.options.cost.decode_step_time_s(len(self.decoding))
+                    limit = (
+                        self.global_step + max(1, math.ceil((pending[1] - self.now_s) / step_s))
+                        if step_s
+                        else None
+                    )
+                self._decode_until_event(limit)
+                continue
+            if self.waiting:  # nothing runs and the head still does not fit: it never will
+                trace, _ = self.waiting.popleft()
+                self._ideal_hits.pop(trace.index, None)
+                self.rejected += 1
+                self.metrics.record_blocked("too_long")
+                continue
+            if pending is not None:
+                self.now_s = max(self.now_s, pending[1])
+                continue
+            break
+        self.metrics.sim_time_s = self.now_s
+        self._sample(force=True)
+        return self.metrics
+
+    def _pull(self, source: Iterator[TraceRequest]) -> tuple[TraceRequest, float] | None:
+        trace = next(source, None)
+        if trace is None:
+            return None
+        if self._ideal is None:
+            self._ideal = ideal_for(trace)
+        self._ideal_hits[trace.index] = self._ideal.observe(trace)
+        if self.options.mode == "sequential":
+            return trace, 0.0
+        return trace, trace.timestamp_ms / 1000.0 * self.options.arrival_time_scale
+
+    # --------------------------------------------------------------------------------------- admission
+    def _try_admit(self, trace: TraceRequest, arrival_s: float) -> _SimReq | str:
+        """Admit one request or return why not (``req_rows``, ``state_slots``, ``kv_tokens``); a refusal
+        leaves pools and locks as they were (the match may have split a node and refreshed recency)."""
+        if self.running >= self.max_running:
+            return self.rows_bound
+        input_ids = trace.input_ids
+        output_ids = trace.output_ids
+        req = Req(rid=trace.index, origin_input_ids=input_ids, extra_key=trace.extra_key)
+        key = input_ids[:-1] if trace.extra_key is None else self._radix_key(input_ids[:-1], trace.extra_key)
+        final_kv_len = len(input_ids) + max(len(output_ids) - 1, 0)
+        # A plain match first: a request that does not fit must not cost a copy-on-write (SGLang defers
+        # the copy to admission too). Nothing changes the tree between the two matches.
+        probe = self.cache.match_prefix(key)
+        self.cache.inc_lock_ref(probe.last_node)
+        fits = self.kv_pool.available_size() + self.cache.full_evictable_size() >= (
+            self.owed_tokens_total + final_kv_len - int(probe.device_indices.numel())
+        )
+        self.cache.dec_lock_ref(probe.last_node)
+        if not fits:
+            return "kv_tokens"
+        match = self.cache.match_prefix(key, cow_mamba=True, req=req)
+        hit = int(match.device_indices.numel())
+        owed = final_kv_len - hit
+        last_node = req.last_node if req.last_node is not None else match.last_node
+        self.cache.inc_lock_ref(last_node)
+        if self.kv_pool.available_size() + self.cache.full_evictable_size() < self.owed_tokens_total + owed:
+            self._undo_admission(req, last_node)  # the copy-on-write dropped the hit (no slot)
+            return "kv_tokens"
+        if self.req_pool.alloc([req]) is None:
+            short = strategies.admission_slots(self.config, req) - self.mamba_pool.available_size()
+            if short > 0:
+                self.cache.evict(num_states=short)
+            if self.req_pool.alloc([req]) is None:
+                self._undo_admission(req, last_node)
+                return "state_slots"
+        if hit == 0:  # a fresh request starts from the zero state
+            self.mamba_pool.clear([req.mamba_pool_idx])
+        if hit:
+            self.req_pool.write(req.req_pool_idx, 0, match.device_indices)
+        req.kv_len = hit
+        sim = _SimReq(
+            trace=trace,
+            req=req,
+            arrival_s=arrival_s,
+            input_ids=input_ids,
+            output_ids=output_ids,
+            final_kv_len=final_kv_len,
+            owed_tokens=owed,
+            fp=fingerprint(input_ids[:hit]) if hit else EMPTY_FINGERPRINT,
+            admitted_s=self.now_s,
+        )
+        self.owed_tokens_total += owed
+        self.metrics.record_admission(
+            trace.index,
+            trace.input_len,
+            trace.output_len,
+            hit,
+            int(match.full_kv_hit_len),
+            self._ideal_hits.pop(trace.index, 0),
+        )
+        return sim
+
+    def _radix_key(self, ids: list[int], extra_key: str) -> Any:
+        from mamba_radix.tree import RadixKey
+
+        return RadixKey(ids, extra_key)
+
+    def _undo_admission(self, req: Req, last_node: Any) -> None:
+        self.cache.dec_lock_ref(last_node)
+        if req.mamba_pool_idx is not None:
+            self.req_pool.free_mamba_cache(req)
+        req.mamba_cow_src_slot = None
+
+    # ------------------------------------------------------------------------------------------ prefill
+    def _prefill_step(self) -> bool:
+        """Form and run one prefill batch. Returns False if there was nothing to prefill."""
+        chunk = self.config.chunked_prefill_size
+        budget = math.inf if chunk < 0 else chunk
+        batch: list[tuple[_SimReq, int]] = []
+        for sim in self.prefilling:  # the chunked request(s) in flight go first
+            if budget <= 0:
+                break
+            n = int(min(len(sim.input_ids) - sim.req.kv_len, budget))
+            batch.append((sim, n))
+            budget -= n
+        while budget > 0 and self.waiting:
+            trace, arrival_s = self.waiting[0]
+            if self._blocked == (self._resource_epoch, trace.index):
+                break
+            got = self._try_admit(trace, arrival_s)
+            if isinstance(got, str):
+                self.metrics.record_blocked(got)
+                self.metrics.record_running(self.running, got)
+                self._blocked = (self._resource_epoch, trace.index)
+                break
+            self.waiting.popleft()
+            self.prefilling.append(got)
+            self.metrics.record_running(self.running, None)
+            n = int(min(len(got.input_ids) - got.req.kv_len, budget))
+            batch.append((got, n))
+            budget -= n
+        if not batch:
+            return False
+        tokens = sum(n for _, n in batch)
+        for sim, n in batch:
+            self._prefill_chunk(sim, n)
+        self.now_s += self.options.cost.prefill_s(tokens)
+        for sim, _ in batch:
+            if sim.req.kv_len == len(sim.input_ids):
+                self.prefilling.remove(sim)
+                self._first_token(sim)
+        return True
+
+    def _prefill_chunk(self, sim: _SimReq, n: int) -> None:
+        """One chunk ``[kv_len, kv_len + n)``: allocate KV, stamp states, hand the chunk to the cache."""
+        req = sim.req
+        start = req.kv_len
+        self._verify_live(sim)
+        self._append_kv(sim, n)
+        chunk_tokens = sim.input_ids[start : start + n]
+        track_len = strategies.prefill_track_len(self.config, start, n, req.mamba_branching_seqlen)
+        if track_len is not None:
+            fp_track = fingerprint_extend(sim.fp, chunk_tokens[: track_len - start])
+            self._track(req, fp_track, track_len)
+        sim.fp = fingerprint_extend(sim.fp, chunk_tokens)
+        write_stamp(self.mamba_pool, req.mamba_pool_idx, sim.fp, start + n)
+        req.kv_len = start + n
+        self.metrics.prefill_chunks += 1
+        last = req.kv_len == len(sim.input_ids)
+        if last and sim.output_ids:
+            req.output_ids = sim.output_ids[:1]  # the token the last prefill chunk samples
+        if last and req.kv_len >= sim.final_kv_len:
+            return  # finishes right away: cache_finished_req, not cache_unfinished_req
+        self.cache.cache_unfinished_req(req)
+
+    def _track(self, req: Req, fp: int, seq_len: int) -> None:
+        """The model writes the state at ``seq_len`` into the current ping-pong entry."""
+        slot = req.mamba_ping_pong_track_buffer[req.mamba_next_track_idx]  # type: ignore[index]
+        write_stamp(self.mamba_pool, slot, fp, seq_len)
+        req.mamba_last_track_seqlen = seq_len
+        if not self.config.is_lazy:
+            req.mamba_next_track_idx = self.req_pool.ping_pong_other_idx(req.mamba_next_track_idx)
+
+    def _append_kv(self, sim: _SimReq, n: int) -> None:
+        idx = self.cache.alloc_token_slots(n)
+        if idx is None:
+            raise SimulationError(
+                f"request {sim.trace.index}: {n} KV tokens could not be had although admission reserved them "
+                f"(free {self.kv_pool.available_size()}, evictable {self.cache.full_evictable_size()})"
+            )
+        self.req_pool.write(sim.req.req_pool_idx, sim.req.kv_len, idx)
+        sim.owed_tokens -= n
+        self.owed_tokens_total -= n
+
+    def _verify_live(self, sim: _SimReq) -> None:
+        if not self.options.verify_states:
+            return
+        got = read_stamp(self.mamba_pool, sim.req.mamba_pool_idx)
+        want = (sim.fp, sim.req.kv_len)
+        if got != want:
+            raise StateMismatchError(
+                f"request {sim.trace.index}: live slot {sim.req.mamba_pool_idx} holds the state of "
+                f"{got[1]} tokens (fingerprint {got[0]:#x}) but should hold {want[1]} tokens ({want[0]:#x})"
+            )
+
+    def _first_token(self, sim: _SimReq) -> None:
+        self.metrics.record_first_token(
+            sim.trace.index, self.now_s - sim.arrival_s, sim.admitted_s - sim.arrival_s
+        )
+        if sim.req.kv_len >= sim.final_kv_len:
+            self._finish(sim)
+            return
+        sim.in_decode = True
+        sim.sync_step = self.global_step
+        self.decoding.add(sim)
+        self._schedule_event(sim)
+
+    # ------------------------------------------------------------------------------------------- decode
+    def _schedule_event(self, sim: _SimReq) -> None:
+        kv = sim.req.kv_len
+        target = sim.final_kv_len
+        if self.config.uses_extra_buffer:
+            interval = self.config.mamba_track_interval
+            target = min(target, (kv // interval + 1) * interval)
+        if self.options.decode_step_events:
+            target = min(target, kv + 1)
+        sim.event_step = sim.sync_step + (target - kv)
+        self._event_seq += 1
+        heapq.heappush(self._events, (sim.event_step, self._event_seq, sim))
+
+    def _decode_until_event(self, limit: int | None) -> None:
+        """Advance every decoding request in lockstep to the next event (or ``limit``), then handle the
+        requests whose event it is. O(log n) per event plus the cache's work."""
+        target = self._events[0][0]
+        if limit is not None:
+            target = min(target, limit)
+        steps = target - self.global_step
+        self.now_s += steps * self.options.cost.decode_step_time_s(len(self.decoding))
+        self.global_step = target
+        while self._events and self._events[0][0] <= target:
+            step, _, sim = heapq.heappop(self._events)
+            if sim not in self.decoding or step != sim.event_step:
+                continue
+            self._decode_event(sim)
+
+    def _decode_event(self, sim: _SimReq) -> None:
+        """Catch ``sim`` up to the current step: one KV segment, one stamp, then boundary or finish."""
+        req = sim.req
+        steps = self.global_step - sim.sync_step
+        start = req.kv_len
+        self._verify_live(sim)
+        self._append_kv(sim, steps)
+        end = start + steps
+        sim.fp = fingerprint_extend(sim.fp, sim.tokens(start, end))
+        write_stamp(self.mamba_pool, req.mamba_pool_idx, sim.fp, end)
+        req.kv_len = end
+        req.output_ids = sim.output_ids[: end - len(sim.input_ids) + 1]
+        sim.sync_step = self.global_step
+        self.metrics.decode_segments += 1
+        if end >= sim.final_kv_len:
+            self.decoding.discard(sim)
+            self._finish(sim)
+            return
+        if strategies.is_decode_boundary(self.config, end):
+            self._decode_boundary(sim)
+        self._schedule_event(sim)
+
+    def _decode_boundary(self, sim: _SimReq) -> None:
+        req = sim.req
+        if self.config.is_lazy and not self.req_pool.lazy_alloc_boundary_slot(req):
+            self.cache.evict(num_states=1)
+            if not self.req_pool.lazy_alloc_boundary_slot(req):
+                self.lazy_boundary_skips += 1  # no slot to borrow: skip this checkpoint, never corrupt
+                return
+        self._track(req, sim.fp, req.kv_len)
+        self.metrics.decode_boundaries += 1
+        self.cache.cache_unfinished_req(req)
+        if self.config.is_lazy:
+            self.req_pool.lazy_release_old_slot(req)
+
+    # ------------------------------------------------------------------------------------------- finish
+    def _finish(self, sim: _SimReq) -> None:
+        req = sim.req
+        req.finished = True
+        self.cache.cache_finished_req(req)
+        if req.mamba_pool_idx is not None or req.mamba_ping_pong_track_buffer is not None:
+            raise SimulationError(
+                f"request {sim.trace.index}: cache_finished_req left state slots on the request "
+                f"(live {req.mamba_pool_idx}, track {req.mamba_ping_pong_track_buffer})"
+            )
+        self.req_pool.free(req)
+        self.owed_tokens_total -= sim.owed_tokens
+        sim.owed_tokens = 0
+        self.finished += 1
+        self._resource_epoch += 1
+        every = self.options.check_invariants_every
+        if every and self.finished % every == 0:
+            running = [s.req for s in self.prefilling] + [s.req for s in self.decoding]
+            self.cache.check_invariants(running)  # with conservation: every KV index / slot has one owner
+        if self.finished % self._sample_every == 0:
+            self._sample()
+        if self._on_finish is not None:
+            self._on_finish(self.finished)
+
+    # ------------------------------------------------------------------------------------------ metrics
+    def _sample(self, force: bool = False) -> None:
+        samples = self.metrics.samples
+        if not force and samples and samples[-1].finished == self.finished:
+            return
+        kv_tree = self.cache.full_evictable_size() + self.cache.full_protected_size()
+        self.metrics.sample(
+            PoolSample(
+                time_s=round(self.now_s, 4),
+                finished=self.finished,
+                running=self.running,
+                waiting=len(self.waiting),
+                kv_used_tokens=int(self.kv_pool.used) + self.owed_tokens_total,
+                kv_tree_tokens=int(kv_tree),
+                kv_capacity_tokens=self.pools.kv_tokens,
+                slots_used=int(self.mamba_pool.used),
+                slots_tree=int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()),
+                slots_reserved=int(self.req_pool.num_reserved_slots()),
+                slot_capacity=self.pools.state_slots,
+            )
+        )
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The cache's own counters plus the engine's copy counts and the bytes a real model would move."""
+        stats = getattr(self.cache, "stats", None)
+        if stats is None:
+            out: dict[str, Any] = {}
+        elif is_dataclass(stats):
+            out = asdict(stats)
+        elif hasattr(stats, "_asdict"):
+            out = dict(stats._asdict())
+        else:
+            out = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+        out["state_slot_copies"] = self.mamba_pool.copied_slots
+        out["state_copy_calls"] = self.mamba_pool.copy_calls
+        out["state_copy_bytes"] = self.mamba_pool.copied_slots * self.pools.bytes_per_state_slot
+        out["lazy_boundary_skips"] = self.lazy_boundary_skips
+        out["rejected_requests"] = self.rejected
+        out["max_running_requests"] = self.max_running
+        return out
+
+
+def wall_clock() -> float:
+    """Seconds from a monotonic clock (for reporting wall time only; never used by the simulation)."""
+    return time.perf_counter()

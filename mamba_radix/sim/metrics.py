@@ -1,0 +1,208 @@
+"""What one simulator run measures (DESIGN.md §9), and its JSON-lines form.
+
+:class:`RunMetrics` is filled by the engine while it runs: one call per admitted request
+(:meth:`record_admission`), one per first token (:meth:`record_first_token`), one per blocked admission
+(:meth:`record_blocked`), and pool samples (:meth:`sample`). :meth:`summary` turns it into plain numbers;
+:func:`result_record` wraps a run's config, pools, summary and time series into one JSON-serialisable
+dict, the unit of the results files (one JSON object per line, one line per run).
+
+Definitions (token counts are over the trace's true input lengths):
+
+- ``token_hit_rate`` = cached tokens / input tokens, where cached = the usable hit of the admission match
+  (KV up to the deepest checkpoint, on ``input[:-1]``).
+- ``kv_only_matched_tokens``: KV matched beyond the usable hit (no state there), recomputed anyway.
+- ``ideal_hit_rate``: the infinite-capacity longest-prefix ideal (:mod:`mamba_radix.sim.ideal`).
+- ``recomputed_tokens``: sum over requests of ``max(0, ideal - hit)``: tokens an earlier request had
+  already computed but this one computed again (evicted, or no checkpoint where it was needed).
+- ``prefill_tokens``: tokens actually run through prefill (input - hit).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PoolSample", "RunMetrics", "percentile", "result_record"]
+
+SAMPLE_FIELDS = (
+    "time_s",
+    "finished",
+    "running",
+    "waiting",
+    "kv_used_tokens",
+    "kv_tree_tokens",
+    "kv_capacity_tokens",
+    "slots_used",
+    "slots_tree",
+    "slots_reserved",
+    "slot_capacity",
+)
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """Pool usage at one moment. ``kv_used_tokens`` counts allocated KV plus decode KV the engine owes
+    but has not allocated yet (decode jumps allocate per segment)."""
+
+    time_s: float
+    finished: int
+    running: int
+    waiting: int
+    kv_used_tokens: int
+    kv_tree_tokens: int
+    kv_capacity_tokens: int
+    slots_used: int
+    slots_tree: int
+    slots_reserved: int
+    slot_capacity: int
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) by linear interpolation; ``None`` for no values. O(n log n)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class RunMetrics:
+    """Counters of one run. ``keep_per_request`` keeps one small dict per request (tests, small traces)."""
+
+    keep_per_request: bool = False
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    ideal_hit_tokens: int = 0
+    kv_matched_tokens: int = 0
+    kv_only_matched_tokens: int = 0
+    recomputed_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_chunks: int = 0
+    decode_segments: int = 0
+    decode_boundaries: int = 0
+    requests_with_hit: int = 0
+    peak_running: int = 0
+    peak_running_bound_by: str | None = None
+    blocked: Counter[str] = field(default_factory=Counter)
+    ttft_s: list[float] = field(default_factory=list)
+    queue_s: list[float] = field(default_factory=list)
+    per_request: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[PoolSample] = field(default_factory=list)
+    sim_time_s: float = 0.0
+
+    def record_admission(
+        self, index: int, input_len: int, output_len: int, hit: int, kv_hit: int, ideal: int
+    ) -> None:
+        """One admitted request: its usable hit, KV match and ideal hit (tokens)."""
+        self.requests += 1
+        self.input_tokens += input_len
+        self.output_tokens += output_len
+        self.cached_tokens += hit
+        self.kv_matched_tokens += kv_hit
+        self.kv_only_matched_tokens += max(0, kv_hit - hit)
+        self.ideal_hit_tokens += ideal
+        self.recomputed_tokens += max(0, ideal - hit)
+        self.prefill_tokens += input_len - hit
+        self.requests_with_hit += hit > 0
+        if self.keep_per_request:
+            self.per_request.append(
+                {"index": index, "input_len": input_len, "hit": hit, "kv_hit": kv_hit, "ideal": ideal}
+            )
+
+    def record_first_token(self, index: int, ttft_s: float, queue_s: float) -> None:
+        self.ttft_s.append(ttft_s)
+        self.queue_s.append(queue_s)
+        if self.keep_per_request:
+            for row in reversed(self.per_request):
+                if row["index"] == index:
+                    row["ttft_s"] = ttft_s
+                    break
+
+    def record_blocked(self, reason: str) -> None:
+        """An admission attempt that failed because ``reason`` (kv_tokens, state_slots, req_rows) ran out."""
+        self.blocked[reason] += 1
+
+    def record_running(self, running: int, bound_by: str | None) -> None:
+        if running > self.peak_running:
+            self.peak_running = running
+            self.peak_running_bound_by = bound_by
+        elif running == self.peak_running and bound_by and not self.peak_running_bound_by:
+            self.peak_running_bound_by = bound_by
+
+    def sample(self, s: PoolSample) -> None:
+        self.samples.append(s)
+
+    # ------------------------------------------------------------------------------------------ output
+    def summary(self) -> dict[str, Any]:
+        """Plain numbers (JSON-serialisable). O(n log n) for the percentiles."""
+
+        def rate(x: int) -> float:
+            return x / self.input_tokens if self.input_tokens else 0.0
+
+        bound = self.blocked.most_common(1)[0][0] if self.blocked else None
+        return {
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "token_hit_rate": rate(self.cached_tokens),
+            "ideal_hit_tokens": self.ideal_hit_tokens,
+            "ideal_hit_rate": rate(self.ideal_hit_tokens),
+            "fraction_of_ideal": self.cached_tokens / self.ideal_hit_tokens
+            if self.ideal_hit_tokens
+            else None,
+            "kv_matched_tokens": self.kv_matched_tokens,
+            "kv_only_matched_tokens": self.kv_only_matched_tokens,
+            "recomputed_tokens": self.recomputed_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_chunks": self.prefill_chunks,
+            "decode_segments": self.decode_segments,
+            "decode_boundaries": self.decode_boundaries,
+            "requests_with_hit": self.requests_with_hit,
+            "peak_running": self.peak_running,
+            "peak_running_bound_by": self.peak_running_bound_by,
+            "admission_blocked": dict(self.blocked),
+            "admission_bound_by": bound,
+            "sim_time_s": self.sim_time_s,
+            "ttft_mean_s": sum(self.ttft_s) / len(self.ttft_s) if self.ttft_s else None,
+            "ttft_p50_s": percentile(self.ttft_s, 50),
+            "ttft_p90_s": percentile(self.ttft_s, 90),
+            "ttft_p99_s": percentile(self.ttft_s, 99),
+            "queue_mean_s": sum(self.queue_s) / len(self.queue_s) if self.queue_s else None,
+        }
+
+    def timeseries(self) -> dict[str, list[float | int]]:
+        """Samples as columns (one list per field)."""
+        return {name: [getattr(s, name) for s in self.samples] for name in SAMPLE_FIELDS}
+
+
+def result_record(
+    run_id: str,
+    params: dict[str, Any],
+    pools: dict[str, Any],
+    summary: dict[str, Any],
+    cache_stats: dict[str, Any],
+    timeseries: dict[str, list[float | int]] | None,
+    wall_s: float,
+    per_request: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One results line: everything needed to tabulate and plot a run without re-running it."""
+    record: dict[str, Any] = {
+        "run_id": run_id,
+        "params": params,
+        "pools": pools,
+        "metrics": summary,
+        "cache_stats": cache_stats,
+        "wall_s": round(wall_s, 3),
+    }
+    if timeseries is not None:
+        record["timeseries"] = timeseries
+    if per_request is not None:
+        record["per_request"] = per_request
+    return record

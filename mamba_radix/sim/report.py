@@ -1,0 +1,325 @@
+"""A markdown report with tables and PNG plots, made from results records only (never by re-running).
+
+:func:`write_report` takes the records of a sweep (see :func:`mamba_radix.sim.metrics.result_record`) and
+an optional experiment definition, and writes ``report.md`` plus one PNG per plot into a directory.
+Plots are described by the definition's ``plots`` list:
+
+- ``{"kind": "line", "file", "title", "groups", "where"?, "x", "series", "y"?, "logx"?, "categorical"?,
+  "references"?}``: ``y`` (a metric, default the token hit rate) against parameter ``x``, one line per
+  combination of the ``series`` parameters, over the runs of ``groups`` matching ``where`` (parameter ->
+  value, or list of allowed values); for hit rates
+  the infinite-capacity runs and the trace's ideal are drawn as horizontal references unless
+  ``references`` is false;
+- ``{"kind": "pressure", "file", "title", "groups", "where"?, "series"}``: KV-token and state-slot usage
+  over simulated time (fractions of the pools) for the matching runs.
+
+Without a definition a single table and no plots are written. Matplotlib runs with the Agg backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["compact_table", "load_records", "results_table", "write_report"]
+
+# columns: (header, function of a record -> str)
+GIB = 1 << 30
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines results file."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def _num(x: float | int | None, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "∞"
+    return f"{x:,.{digits}f}" if isinstance(x, float) else f"{x:,}"
+
+
+def _mtok(x: int | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.2f}"
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    return str(value)
+
+
+def results_table(records: Sequence[dict[str, Any]]) -> str:
+    """One markdown row per run: parameters that vary, pools, hit rates, checkpoints, copies, TTFT."""
+    header = [
+        "run", "group", "strategy", "evict", "cap", "interval", "ratio", "GiB", "KV tokens", "slots",
+        "max run", "hit %", "∞-cap hit %", "ideal %", "KV-only Mtok", "recomp. Mtok", "ckpt ins/skip/evict/cap",
+        "copies GiB", "peak run (bound)", "TTFT p50/p90 s", "wall s",
+    ]  # fmt: skip
+    infinite = _infinite_by_strategy(records)
+    rows = []
+    for r in records:
+        p = r["params"]
+        if "error" in r:
+            rows.append(
+                [r["run_id"], p.get("group", ""), p.get("strategy", ""), "error: " + r["error"]]
+                + [""] * (len(header) - 4)
+            )
+            continue
+        m, pools, st = r["metrics"], r["pools"], r["cache_stats"]
+        inf = infinite.get(p["strategy"])
+        rows.append(
+            [
+                r["run_id"],
+                p.get("group", ""),
+                p["strategy"],
+                p["mamba_eviction_order"],
+                str(p["mamba_max_states_per_path"]),
+                str(p["mamba_track_interval"]),
+                "-" if p["infinite"] else _label(p["mamba_full_memory_ratio"]),
+                "∞" if p["infinite"] else _num(p["budget_gib"], 2),
+                _num(pools["kv_tokens"]),
+                _num(pools["state_slots"]),
+                str(pools.get("max_running_requests_effective", pools["max_running_requests"])),
+                _pct(m["token_hit_rate"]),
+                _pct(inf) if inf is not None else "-",
+                _pct(m["ideal_hit_rate"]),
+                _mtok(m["kv_only_matched_tokens"]),
+                _mtok(m["recomputed_tokens"]),
+                f"{st.get('checkpoints_inserted', '-')}/{st.get('checkpoints_skipped', '-')}/"
+                f"{st.get('states_evicted', '-')}/{st.get('checkpoints_capped', '-')}",
+                _num(st["state_copy_bytes"] / GIB, 1),
+                f"{m['peak_running']} ({m['peak_running_bound_by'] or 'arrivals'})",
+                f"{_num(m['ttft_p50_s'], 2)}/{_num(m['ttft_p90_s'], 2)}",
+                _num(r["wall_s"], 1),
+            ]
+        )
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def compact_table(records: Sequence[dict[str, Any]]) -> str:
+    """The headline columns only (for a README): one row per successful run."""
+    header = ["run", "group", "strategy", "evict", "refresh", "cap", "interval", "ratio", "GiB", "slots",
+              "hit %", "KV-only Mtok", "ckpt evicted", "peak run", "TTFT p50 s"]  # fmt: skip
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in sorted(records, key=lambda r: str(r["run_id"])):
+        if "error" in r:
+            continue
+        p, m, st = r["params"], r["metrics"], r["cache_stats"]
+        row = [
+            r["run_id"], p.get("group", ""), p["strategy"], p["mamba_eviction_order"], p["mamba_lru_refresh"],
+            str(p["mamba_max_states_per_path"]), str(p["mamba_track_interval"]),
+            "-" if p["infinite"] else _label(p["mamba_full_memory_ratio"]),
+            "∞" if p["infinite"] else _num(p["budget_gib"], 2), _num(r["pools"]["state_slots"]),
+            _pct(m["token_hit_rate"]), _mtok(m["kv_only_matched_tokens"]), str(st.get("states_evicted", "-")),
+            str(m["peak_running"]), _num(m["ttft_p50_s"], 2),
+        ]  # fmt: skip
+        out.append("| " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
+def _infinite_by_strategy(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    return {
+        r["params"]["strategy"]: r["metrics"]["token_hit_rate"]
+        for r in records
+        if "error" not in r and r["params"].get("infinite")
+    }
+
+
+def _select(
+    records: Sequence[dict[str, Any]], groups: Sequence[str] | None, where: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        if "error" in r:
+            continue
+        p = r["params"]
+        if groups and p.get("group") not in groups:
+            continue
+        if where and any(
+            (p.get(k) not in v) if isinstance(v, list) else (p.get(k) != v) for k, v in where.items()
+        ):
+            continue
+        out.append(r)
+    return out
+
+
+def _value(r: dict[str, Any], key: str) -> Any:
+    if key in r["metrics"]:
+        return r["metrics"][key]
+    return r["params"].get(key)
+
+
+def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _select(records, spec.get("groups"), spec.get("where"))
+    x_key, y_key = spec["x"], spec.get("y", "token_hit_rate")
+    series_keys = spec.get("series", [])
+    lines: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
+    finite = [r for r in runs if not r["params"].get("infinite")]
+    categories = sorted({_value(r, x_key) for r in finite}, key=lambda v: (v == -1, v))
+    for r in finite:
+        name = tuple(r["params"].get(k) for k in series_keys)
+        x = _value(r, x_key)
+        x_pos = float(categories.index(x)) if spec.get("categorical") else float(x)
+        lines[name].append((x_pos, float(_value(r, y_key))))
+    if not lines:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    if spec.get("categorical"):
+        ax.set_xticks(range(len(categories)), [_label(c) for c in categories])
+    scale = 100.0 if y_key.endswith("rate") else 1.0
+    for name, pts in sorted(lines.items(), key=lambda kv: [str(v) for v in kv[0]]):
+        pts.sort()
+        ax.plot(
+            [p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=" / ".join(map(str, name))
+        )
+    if y_key == "token_hit_rate" and spec.get("references", True):
+        ideal = [r["metrics"]["ideal_hit_rate"] for r in runs]
+        if ideal:
+            ax.axhline(
+                max(ideal) * 100,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label="ideal (any prefix, ∞ memory)",
+            )
+        for strategy, hit in sorted(_infinite_by_strategy(records).items()):
+            ax.axhline(hit * 100, linestyle=":", linewidth=1, color="gray")
+            ax.annotate(
+                f"∞ memory, {strategy}",
+                (1.0, hit * 100),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="gray",
+            )
+    if spec.get("logx"):
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(spec.get("xlabel", x_key))
+    ax.set_ylabel(spec.get("ylabel", "token hit rate (%)" if y_key == "token_hit_rate" else y_key))
+    ax.set_title(spec.get("title", ""), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, title=" / ".join(series_keys) if series_keys else None, title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _pressure_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in _select(records, spec.get("groups"), spec.get("where")) if r.get("timeseries")]
+    if not runs:
+        return False
+    fig, (ax_kv, ax_slot) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for r in runs:
+        ts = r["timeseries"]
+        label = " / ".join(f"{_label(r['params'].get(k))}" for k in spec.get("series", ["strategy"]))
+        t = ts["time_s"]
+        kv = [u / c for u, c in zip(ts["kv_used_tokens"], ts["kv_capacity_tokens"], strict=True)]
+        slots = [u / c for u, c in zip(ts["slots_used"], ts["slot_capacity"], strict=True)]
+        (line,) = ax_kv.plot(t, [100 * v for v in kv], linewidth=1, label=label)
+        ax_slot.plot(t, [100 * v for v in slots], linewidth=1, color=line.get_color(), label=label)
+        reserved = [u / c for u, c in zip(ts["slots_reserved"], ts["slot_capacity"], strict=True)]
+        ax_slot.plot(t, [100 * v for v in reserved], linewidth=0.8, linestyle="--", color=line.get_color())
+    ax_kv.set_ylabel("KV tokens used (%)")
+    ax_slot.set_ylabel("state slots used (%)\n(dashed: held by running requests)")
+    ax_slot.set_xlabel("simulated time (s)")
+    for ax in (ax_kv, ax_slot):
+        ax.set_ylim(0, 105)
+        ax.grid(True, alpha=0.3)
+    ax_kv.legend(fontsize=7, title=" / ".join(spec.get("series", ["strategy"])), title_fontsize=7)
+    ax_kv.set_title(spec.get("title", ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(
+    records: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    definition: dict[str, Any] | None = None,
+    runtime_s: float | None = None,
+    jobs: int | None = None,
+) -> Path:
+    """Write ``report.md`` and the plots into ``out_dir``; return the report's path.
+
+    Side effects: creates ``out_dir`` and overwrites the files it writes. O(runs * samples).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = sorted(records, key=lambda r: str(r["run_id"]))  # results files are in completion order
+    ok = [r for r in records if "error" not in r]
+    title = (definition or {}).get("title", "mamba_radix simulation results")
+    lines = [f"# {title}", ""]
+    if definition and definition.get("description"):
+        lines += [definition["description"], ""]
+    if ok:
+        first = ok[0]
+        p, m = first["params"], first["metrics"]
+        lines += [
+            f"- trace: `{p['trace']}`, {m['requests']:,} requests ({m['input_tokens']:,} input tokens, "
+            f"{m['output_tokens']:,} output tokens); limit {p['limit'] or 'none'}",
+            f"- model: {p['model']}; {first['pools']['bytes_per_kv_token']:,} B per KV token, "
+            f"{first['pools']['bytes_per_state_slot']:,} B per state slot (per rank)",
+            f"- engine: mode {p['mode']}, arrival time scale {p['arrival_time_scale']}, cost model "
+            f"{p['cost']}",
+            f"- ideal (longest previously seen prefix, infinite memory, no checkpoint limit): "
+            f"{100 * m['ideal_hit_rate']:.2f}% token hit rate",
+        ]
+    if runtime_s is not None:
+        lines.append(
+            f"- {len(records)} runs ({len(records) - len(ok)} failed) in {runtime_s:.0f} s wall time"
+            + (f" on {jobs} processes" if jobs else "")
+        )
+    lines.append("")
+    for spec in (definition or {}).get("plots", []):
+        path = out / spec["file"]
+        drawn = (
+            _pressure_plot(ok, spec, path) if spec.get("kind") == "pressure" else _line_plot(ok, spec, path)
+        )
+        if drawn:
+            lines += [f"## {spec.get('title', spec['file'])}", "", f"![{spec['file']}]({spec['file']})", ""]
+            if spec.get("caption"):
+                lines += [spec["caption"], ""]
+    lines += ["## Summary", "", compact_table(records), ""]
+    lines += [
+        "## All runs",
+        "",
+        "hit % = cached tokens / input tokens (usable hits: KV up to a checkpoint, matching input[:-1]); "
+        "∞-cap hit % = the same strategy with pools nothing fills; ideal % = longest previously seen prefix; "
+        "KV-only = KV matched past the last checkpoint (recomputed anyway); recomp. = tokens an earlier "
+        "request had computed but this one computed again (sum of ideal - hit); ckpt = checkpoints inserted / "
+        "skipped for lack of a slot / evicted / dropped by the per-path cap; copies = state bytes copied on "
+        "the real model (copy-on-write of hits, no_buffer chunk-end copies); peak run (bound) = most requests "
+        "running at once and the pool that stopped the next admission at that moment (arrivals: none did).",
+        "",
+        results_table(records),
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

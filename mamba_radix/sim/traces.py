@@ -1,0 +1,364 @@
+"""Request traces: the two file formats, streaming loaders and the request record the engine replays.
+
+Formats (one JSON object per line; blank lines are skipped):
+
+- **block** (Mooncake FAST'25): ``{"timestamp": ms, "input_length": int, "output_length": int,
+  "hash_ids": [int, ...]}``. Block id ``b`` expands deterministically to the tokens
+  ``b * block_size + j`` for ``j = 0 .. block_size - 1``; the last block is cut so the input has exactly
+  ``input_length`` tokens. The trace carries no output identity, so outputs get fresh ids above
+  :data:`OUTPUT_TOKEN_BASE`, unique per request and never equal to an input token.
+- **token**: ``{"timestamp": ms, "session_id"?: any, "input_ids": [int, ...], "output_ids": [int, ...]}``.
+
+Loaders stream: a row is parsed, validated and expanded only when the engine asks for the next request,
+so the 12,031-request Mooncake conversation trace (about 145M input tokens) never sits in memory at once.
+Bad rows raise :class:`~mamba_radix.errors.TraceFormatError` with the file, the 1-based line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from mamba_radix.errors import TraceFormatError
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "OUTPUT_TOKEN_BASE",
+    "TraceFormat",
+    "TraceRequest",
+    "TraceSummary",
+    "detect_format",
+    "expand_blocks",
+    "iter_block_trace",
+    "iter_token_trace",
+    "iter_trace",
+    "output_token_ids",
+    "scan_trace",
+    "write_token_trace",
+]
+
+TraceFormat = Literal["block", "token"]
+DEFAULT_BLOCK_SIZE = 512
+# Output ids live above every input id a block trace can produce (block ids are < 2**31 and block sizes
+# are bounded so that b * block_size < 2**40); each request owns a 2**24-wide window of fresh ids.
+OUTPUT_TOKEN_BASE = 1 << 40
+_OUTPUT_WINDOW = 1 << 24
+_MAX_BLOCK_ID = (1 << 31) - 1
+_MAX_OUTPUT_LEN = _OUTPUT_WINDOW - 1
+
+
+@dataclass
+class TraceRequest:
+    """One request of a trace.
+
+    Block-format requests stay compact (``block_ids`` + lengths) until :attr:`input_ids` /
+    :attr:`output_ids` expand them, O(tokens) per call, so a long waiting queue costs little memory.
+    Token-format requests carry their ids (``tokens_in`` / ``tokens_out``). ``index`` is the 0-based
+    position in the trace; ``line`` the 1-based line it came from (0 if generated).
+    """
+
+    index: int
+    timestamp_ms: float
+    input_len: int
+    output_len: int
+    session_id: Any = None
+    block_ids: list[int] | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    line: int = 0
+    tokens_in: list[int] | None = None
+    tokens_out: list[int] | None = None
+    extra_key: str | None = None
+
+    @classmethod
+    def from_tokens(
+        cls,
+        index: int,
+        timestamp_ms: float,
+        input_ids: list[int],
+        output_ids: list[int],
+        session_id: Any = None,
+        line: int = 0,
+    ) -> TraceRequest:
+        return cls(
+            index=index,
+            timestamp_ms=timestamp_ms,
+            input_len=len(input_ids),
+            output_len=len(output_ids),
+            session_id=session_id,
+            line=line,
+            tokens_in=input_ids,
+            tokens_out=output_ids,
+        )
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The input tokens (a new list for block requests, the stored one for token requests)."""
+        if self.tokens_in is not None:
+            return self.tokens_in
+        assert self.block_ids is not None
+        return expand_blocks(self.block_ids, self.input_len, self.block_size)
+
+    @property
+    def output_ids(self) -> list[int]:
+        if self.tokens_out is not None:
+            return self.tokens_out
+        return output_token_ids(self.index, self.output_len)
+
+    def to_token_row(self) -> dict[str, Any]:
+        """The token-format JSON object of this request."""
+        row: dict[str, Any] = {"timestamp": self.timestamp_ms}
+        if self.session_id is not None:
+            row["session_id"] = self.session_id
+        row["input_ids"] = self.input_ids
+        row["output_ids"] = self.output_ids
+        return row
+
+
+def expand_blocks(
+    block_ids: Sequence[int], input_length: int, block_size: int = DEFAULT_BLOCK_SIZE
+) -> list[int]:
+    """The token ids of a block-format input: block ``b`` -> ``b*block_size .. b*block_size+block_size-1``,
+    cut to ``input_length``. O(input_length)."""
+    tokens: list[int] = []
+    for b in block_ids:
+        start = b * block_size
+        tokens.extend(range(start, start + block_size))
+    del tokens[input_length:]
+    return tokens
+
+
+def output_token_ids(request_index: int, output_length: int) -> list[int]:
+    """Fresh output ids for request ``request_index`` (never an input id, never another request's)."""
+    start = OUTPUT_TOKEN_BASE + request_index * _OUTPUT_WINDOW
+    return list(range(start, start + output_length))
+
+
+# ------------------------------------------------------------------------------------------ validation
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+class _RowReader:
+    """Iterates (line number, JSON object) over a file, checking the JSON and the timestamp order."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.prev_timestamp = -math.inf
+
+    def rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        with open(self.path, encoding="utf-8") as f:
+            for line_no, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise TraceFormatError(self.path, line_no, None, f"invalid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise TraceFormatError(self.path, line_no, None, "a row must be a JSON object")
+                yield line_no, row
+
+    def error(self, line: int, fld: str | None, message: str) -> TraceFormatError:
+        return TraceFormatError(self.path, line, fld, message)
+
+    def require(self, row: dict[str, Any], line: int, name: str) -> Any:
+        if name not in row:
+            raise self.error(line, name, "missing")
+        return row[name]
+
+    def timestamp(self, row: dict[str, Any], line: int) -> float:
+        ts = self.require(row, line, "timestamp")
+        if not _is_number(ts) or ts < 0:
+            raise self.error(line, "timestamp", f"must be a finite number >= 0 (ms), got {ts!r}")
+        if ts < self.prev_timestamp:
+            raise self.error(
+                line, "timestamp", f"goes backwards ({ts} < {self.prev_timestamp}); sort the trace"
+            )
+        self.prev_timestamp = ts
+        return float(ts)
+
+    def int_field(self, row: dict[str, Any], line: int, name: str, minimum: int) -> int:
+        value = self.require(row, line, name)
+        if not _is_int(value) or value < minimum:
+            raise self.error(line, name, f"must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def id_list(
+        self, row: dict[str, Any], line: int, name: str, *, non_empty: bool, maximum: int | None
+    ) -> list[int]:
+        value = self.require(row, line, name)
+        if not isinstance(value, list):
+            raise self.error(line, name, f"must be a list of integers, got {type(value).__name__}")
+        if non_empty and not value:
+            raise self.error(line, name, "must not be empty")
+        for pos, item in enumerate(value):
+            if not _is_int(item) or item < 0:
+                raise self.error(line, name, f"item {pos} must be an integer >= 0, got {item!r}")
+            if maximum is not None and item > maximum:
+                raise self.error(line, name, f"item {pos} is {item}, above the largest allowed id {maximum}")
+        return value
+
+
+# ------------------------------------------------------------------------------------------- loaders
+def _parse_block_row(
+    reader: _RowReader, line: int, row: dict[str, Any], block_size: int
+) -> tuple[float, int, int, list[int]]:
+    """Validate one block-format row: (timestamp, input_length, output_length, hash_ids)."""
+    ts = reader.timestamp(row, line)
+    input_length = reader.int_field(row, line, "input_length", 1)
+    output_length = reader.int_field(row, line, "output_length", 0)
+    if output_length > _MAX_OUTPUT_LEN:
+        raise reader.error(line, "output_length", f"must be <= {_MAX_OUTPUT_LEN}, got {output_length}")
+    hash_ids = reader.id_list(row, line, "hash_ids", non_empty=True, maximum=_MAX_BLOCK_ID)
+    expected = -(-input_length // block_size)
+    if len(hash_ids) != expected:
+        raise reader.error(
+            line,
+            "hash_ids",
+            f"has {len(hash_ids)} blocks but input_length {input_length} needs "
+            f"ceil({input_length}/{block_size}) = {expected}",
+        )
+    return ts, input_length, output_length, hash_ids
+
+
+def iter_block_trace(
+    path: str | Path, block_size: int = DEFAULT_BLOCK_SIZE, limit: int | None = None
+) -> Iterator[TraceRequest]:
+    """Stream a block-format (Mooncake) trace, expanding one request at a time.
+
+    Side effects: reads the file lazily. Complexity: O(input + output tokens) per request.
+    Raises :class:`TraceFormatError` on the first bad row (rows before it have been yielded).
+    """
+    if block_size < 1 or block_size * (_MAX_BLOCK_ID + 1) > OUTPUT_TOKEN_BASE:
+        raise ValueError(
+            f"block size must be in 1..{OUTPUT_TOKEN_BASE // (_MAX_BLOCK_ID + 1)}, got {block_size}"
+        )
+    reader = _RowReader(path)
+    index = 0
+    for line, row in reader.rows():
+        if limit is not None and index >= limit:
+            return
+        ts, input_length, output_length, hash_ids = _parse_block_row(reader, line, row, block_size)
+        yield TraceRequest(
+            index=index,
+            timestamp_ms=ts,
+            input_len=input_length,
+            output_len=output_length,
+            block_ids=hash_ids,
+            block_size=block_size,
+            line=line,
+        )
+        index += 1
+    if index == 0:
+        raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+
+
+def iter_token_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequest]:
+    """Stream a token-format trace. Same error rules as :func:`iter_block_trace`. O(tokens) per row."""
+    reader = _RowReader(path)
+    index = 0
+    for line, row in reader.rows():
+        if limit is not None and index >= limit:
+            return
+        ts = reader.timestamp(row, line)
+        input_ids = reader.id_list(row, line, "input_ids", non_empty=True, maximum=None)
+        output_ids = reader.id_list(row, line, "output_ids", non_empty=False, maximum=None)
+        yield TraceRequest.from_tokens(index, ts, input_ids, output_ids, row.get("session_id"), line)
+        index += 1
+    if index == 0:
+        raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+
+
+def detect_format(path: str | Path) -> TraceFormat:
+    """``block`` if the first row has ``hash_ids``, ``token`` if it has ``input_ids``. Reads one row."""
+    reader = _RowReader(path)
+    for line, row in reader.rows():
+        if "hash_ids" in row:
+            return "block"
+        if "input_ids" in row:
+            return "token"
+        raise TraceFormatError(
+            str(path), line, None, "unknown row format: expected 'hash_ids' (block) or 'input_ids' (token)"
+        )
+    raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+
+
+def iter_trace(
+    path: str | Path,
+    fmt: TraceFormat | Literal["auto"] = "auto",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    limit: int | None = None,
+) -> Iterator[TraceRequest]:
+    """Stream any trace; ``auto`` detects the format from the first row."""
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "block":
+        return iter_block_trace(path, block_size=block_size, limit=limit)
+    if fmt == "token":
+        return iter_token_trace(path, limit=limit)
+    raise ValueError(f"unknown trace format {fmt!r}; use block, token or auto")
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """Totals of a trace, from one cheap pass that does not expand blocks."""
+
+    num_requests: int
+    input_tokens: int
+    output_tokens: int
+    max_seq_len: int
+    duration_ms: float
+
+
+def scan_trace(
+    path: str | Path,
+    fmt: TraceFormat | Literal["auto"] = "auto",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    limit: int | None = None,
+) -> TraceSummary:
+    """Count requests and tokens and find the longest sequence (sizes the request table).
+
+    Validates every row like the loaders do. Block format: O(rows), without expanding blocks.
+    """
+    if fmt == "auto":
+        fmt = detect_format(path)
+    n = in_tok = out_tok = max_len = 0
+    first_ts = last_ts = 0.0
+    if fmt == "block":
+        reader = _RowReader(path)
+        for line, row in reader.rows():
+            if limit is not None and n >= limit:
+                break
+            ts, il, ol, _ = _parse_block_row(reader, line, row, block_size)
+            first_ts = ts if n == 0 else first_ts
+            last_ts = ts
+            n, in_tok, out_tok, max_len = n + 1, in_tok + il, out_tok + ol, max(max_len, il + ol)
+    else:
+        for req in iter_trace(path, fmt, block_size, limit):
+            first_ts = req.timestamp_ms if n == 0 else first_ts
+            last_ts = req.timestamp_ms
+            n += 1
+            in_tok += req.input_len
+            out_tok += req.output_len
+            max_len = max(max_len, req.input_len + req.output_len)
+    if n == 0:
+        raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+    return TraceSummary(n, in_tok, out_tok, max_len, last_ts - first_ts)
+
+
+def write_token_trace(requests: Sequence[TraceRequest] | Iterator[TraceRequest], path: str | Path) -> int:
+    """Write requests as a token-format trace. Side effect: creates/overwrites ``path``. Returns the count."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for req in requests:
+            f.write(json.dumps(req.to_token_row(), separators=(",", ":")) + "\n")
+            count += 1
+    return count

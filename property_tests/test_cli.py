@@ -1,0 +1,162 @@
+"""The ``mamba-radix`` CLI: --help everywhere, exit codes, one-line errors, simulate/sweep/experiment."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mamba_radix.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["simulate", "--help"], ["sweep", "--help"], ["experiment", "--help"]]
+)
+def test_help_exits_zero(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_plan_is_wired_in(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--help"]) == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_module_entry_point_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mamba_radix.cli", "--help"], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0 and "simulate" in done.stdout
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> None:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        ([], ()),
+        (["bogus"], ("invalid choice",)),
+        (["simulate", "--limit", "0"], ("--limit",)),
+        (["simulate", "--mamba-track-interval", "x"], ("--mamba-track-interval",)),
+        (["simulate", "--trace", "/nonexistent.jsonl"], ("not found",)),
+        (
+            ["simulate", "--synthetic", "chat", "--mamba-radix-cache-strategy", "fast"],
+            ("--mamba-radix-cache-strategy",),
+        ),
+        (["simulate", "--synthetic", "chat", "--mamba-full-memory-ratio", "0.001"], ("ratio",)),
+        (["simulate", "--synthetic", "chat", "--page-size", "16"], ("--page-size",)),
+        (["sweep", "--out", "/tmp/x.jsonl", "--definition", "/nonexistent.json"], ("not found",)),
+        (["experiment", "--definition", "/nonexistent.json"], ("not found",)),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], words: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    if argv:
+        _one_line_error(capsys, *words)
+
+
+def test_bad_trace_row_reports_file_line_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]}\n'
+                     '{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [1, 2, 3]}\n')  # fmt: skip
+    assert main(["simulate", "--trace", str(trace), "--block-size", "4", "--quiet"]) == 2
+    _one_line_error(capsys, f"{trace}:2", "hash_ids")
+
+
+def test_simulate_synthetic_prints_and_writes_a_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.jsonl"
+    argv = ["simulate", "--synthetic", "agent", "--seed", "3", "--mode", "sequential", "--quiet", "--out", str(out),
+            "--mamba-radix-cache-strategy", "extra_buffer", "--memory-budget-gb", "4", "--per-request"]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "token hit rate" in text and "KV-only matched" in text
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["params"]["strategy"] == "extra_buffer" and rec["params"]["budget_gib"] == 4.0
+    assert rec["metrics"]["requests"] == len(rec["per_request"]) and rec["metrics"]["cached_tokens"] > 0
+
+
+def test_simulate_json_on_the_bundled_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["simulate", "--limit", "15", "--quiet", "--json", "--mamba-radix-cache-strategy", "no_buffer"])
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["requests"] == 15 and 0 <= metrics["token_hit_rate"] <= metrics["ideal_hit_rate"]
+
+
+def test_sweep_lists_make_a_cartesian_product_and_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, report = tmp_path / "s.jsonl", tmp_path / "rep"
+    argv = ["sweep", "--limit", "8", "--jobs", "1", "--quiet", "--out", str(out), "--report", str(report),
+            "--mamba-radix-cache-strategy", "no_buffer,extra_buffer", "--mamba-full-memory-ratio", "0.5,0.9"]  # fmt: skip
+    assert main(argv) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["params"]["strategy"], r["params"]["mamba_full_memory_ratio"]) for r in recs) == [
+        ("extra_buffer", 0.5), ("extra_buffer", 0.9), ("no_buffer", 0.5), ("no_buffer", 0.9)
+    ]  # fmt: skip
+    assert "| run |" in (report / "report.md").read_text()
+
+
+def test_experiment_writes_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    definition = json.loads((REPO / "experiments" / "default.json").read_text())
+    definition["trace"] = str(REPO / definition["trace"])
+    definition["groups"] = [
+        {
+            "name": "memory",
+            "fixed": {"mamba_radix_cache_strategy": "extra_buffer"},
+            "vary": {"budget_gib": [13.625, 27.25]},
+        },
+        {
+            "name": "ratio",
+            "fixed": {"mamba_radix_cache_strategy": "extra_buffer", "mamba_full_memory_ratio": 0.9},
+        },
+    ]
+    path = tmp_path / "def.json"
+    path.write_text(json.dumps(definition))
+    out = tmp_path / "res"
+    assert (
+        main(
+            [
+                "experiment",
+                "--definition",
+                str(path),
+                "--out",
+                str(out),
+                "--limit",
+                "6",
+                "--jobs",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    report = (out / "report.md").read_text()
+    assert "hit_vs_memory.png" in report and (out / "hit_vs_memory.png").stat().st_size > 1000
+    assert (out / "pressure_by_ratio.png").exists() and len(
+        (out / "results.jsonl").read_text().splitlines()
+    ) == 3
+    # the report is redrawn from the results alone
+    (out / "report.md").unlink()
+    assert main(["experiment", "--definition", str(path), "--out", str(out), "--report-only"]) == 0
+    assert "hit_vs_memory.png" in (out / "report.md").read_text()
+    assert (
+        main(["experiment", "--definition", str(path), "--out", str(tmp_path / "none"), "--report-only"]) == 2
+    )
