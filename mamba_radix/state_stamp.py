@@ -51,7 +51,7 @@ class _Powers:
         return self.table[:n]
 
 
-_POWERS = [_Powers(b, m) for b, m in zip(_BASES, _MODULI)]
+_POWERS = [_Powers(b, m) for b, m in zip(_BASES, _MODULI, strict=True)]
 
 
 def fingerprint_extend(fp: int, tokens: Sequence[int] | np.ndarray) -> int:
@@ -61,7 +61,7 @@ def fingerprint_extend(fp: int, tokens: Sequence[int] | np.ndarray) -> int:
         return fp
     arr = np.asarray(tokens, dtype=np.int64) + 1  # +1: a leading token 0 must change the hash
     parts = []
-    for i, (powers, modulus) in enumerate(zip(_POWERS, _MODULI)):
+    for i, (powers, modulus) in enumerate(zip(_POWERS, _MODULI, strict=True)):
         h = (fp >> (32 * i)) & 0xFFFFFFFF
         pw = powers.upto(n + 1)
         # sum_j t_j * B^(n-1-j): every product of residues is < 2**62; reduce before summing
@@ -105,6 +105,8 @@ def read_stamp(pool: _StateTensors, slot: int) -> tuple[int, int]:
         for row in _byte_view(t)[:, slot, :_STAMP_BYTES].cpu()
     }
     if len(stamps) != 1:
-        raise InvalidArgument(f"slot {slot} holds inconsistent stamps across layers/tensors: {sorted(stamps)}")
+        raise InvalidArgument(
+            f"slot {slot} holds inconsistent stamps across layers/tensors: {sorted(stamps)}"
+        )
     fp, num_tokens = stamps.pop()
     return fp, num_tokens
