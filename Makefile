@@ -15,10 +15,13 @@ test: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench: setup
 	$(PY) benchmarks/bench_pools.py
 	$(PY) benchmarks/bench_tree.py
+	$(PY) benchmarks/bench_sim.py --limit 2000
+	$(PY) benchmarks/bench_kernels.py --dry-run
 
 clean:
 	rm -rf .venv .pytest_cache .hypothesis
