@@ -29,6 +29,7 @@ __all__ = [
     "copy_slots_ref",
     "fork_slots_ref",
     "gather_slots_ref",
+    "inner_contiguous",
     "move_slots_ref",
     "scatter_slots_ref",
     "track_slots_ref",
@@ -104,3 +105,13 @@ def scatter_slots_ref(
     """``tensors[j][l, slots[i]] = src[j][l, i]``: a ``[L, n, *inner]`` buffer back into pool slots."""
     slots = slots.reshape(-1)
     move_slots_ref(src, tensors, torch.arange(slots.numel(), device=slots.device), slots)
+
+
+def inner_contiguous(t: torch.Tensor) -> bool:
+    """Whether the dims after (layer, slot) form one dense row (size-1 dims may have any stride)."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[2:]), reversed(t.stride()[2:]), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True

@@ -27,7 +27,7 @@ import torch
 
 from mamba_radix.errors import InvalidArgument
 
-from .naive import bits_view
+from .naive import bits_view, inner_contiguous
 
 try:  # triton is an optional dependency; a broken install must not break `import mamba_radix_kernels`.
     from . import triton_slot_move as _k
@@ -80,16 +80,6 @@ def _inner_numel(t: torch.Tensor) -> int:
     return math.prod(t.shape[2:])
 
 
-def _inner_contiguous(t: torch.Tensor) -> bool:
-    """Whether the dims after (layer, slot) form one dense row (size-1 dims may have any stride)."""
-    expected = 1
-    for size, stride in zip(reversed(t.shape[2:]), reversed(t.stride()[2:]), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _check_pair(j: int, src: torch.Tensor, dst: torch.Tensor, device: torch.device, num_layers: int) -> None:
     for role, t in (("source", src), ("destination", dst)):
         if not isinstance(t, torch.Tensor):
@@ -107,7 +97,7 @@ def _check_pair(j: int, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
                 f"tensor {j} ({role}) has {t.shape[0]} layers, the first tensor {num_layers}; "
                 "all tensors of one launch must have the same layer count"
             )
-        if not _inner_contiguous(t):
+        if not inner_contiguous(t):
             raise InvalidArgument(
                 f"tensor {j} ({role}) has inner strides {tuple(t.stride()[2:])} for inner shape "
                 f"{tuple(t.shape[2:])}; the dims after (layer, slot) must be contiguous (layer and slot "

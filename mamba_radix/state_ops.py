@@ -108,21 +108,12 @@ def _pool_layout(tensors: Sequence[torch.Tensor], what: str = "tensors") -> tupl
                 f"{what}[{j}] has (layers, slots) = {tuple(t.shape[:2])}, {what}[0] has "
                 f"{tuple(first.shape[:2])}; all tensors of a pool share both"
             )
-        if not _inner_contiguous(t):
+        if not naive.inner_contiguous(t):
             raise InvalidArgument(
                 f"{what}[{j}] has inner strides {tuple(t.stride()[2:])} for inner shape {tuple(t.shape[2:])}; "
                 "the dims after (layer, slot) must be contiguous: pass the pool tensor or a slot/layer view"
             )
     return first.device, first.shape[0], first.shape[1]
-
-
-def _inner_contiguous(t: torch.Tensor) -> bool:
-    expected = 1
-    for size, stride in zip(reversed(t.shape[2:]), reversed(t.stride()[2:]), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _index(x: object, name: str, device: torch.device) -> torch.Tensor:
@@ -211,7 +202,7 @@ def _buffers(
                 f"{what}[{j}] is {b.dtype} {tuple(b.shape)}; expected {t.dtype} {want} "
                 "([num_layers, len(slots), *inner] of the pool tensor)"
             )
-        if not _inner_contiguous(b):
+        if not naive.inner_contiguous(b):
             raise InvalidArgument(f"{what}[{j}] has non-contiguous inner dims {tuple(b.stride()[2:])}")
         if device is not None and b.device != device:
             raise InvalidArgument(f"{what}[{j}] is on {b.device}, {what}[0] on {device}; use one device")
