@@ -13,8 +13,11 @@ multiplied by the TP size). This module adds them on top of :mod:`mamba_radix.ca
 - :func:`compare_dcp`: the same for every DCP size the model allows at a TP size;
 - :func:`plan`: all of it for one configuration (what ``mamba-radix plan`` prints).
 
-Assumptions, stated once: a running request holds the KV of its whole sequence (``input + output``, its
-peak); requests start cold (a cached prefix can be given per request to :func:`expected_checkpoints`).
+Assumptions, stated once: a running request holds at its peak the KV of its whole sequence but the last
+output token (``input + output - 1``: the last sampled token is never fed back, so its KV is never
+computed; the simulator reserves exactly that at admission); requests start cold (a cached prefix can be
+given per request to :func:`expected_checkpoints`). ``experiments/plan_vs_sim.py`` and
+``property_tests/test_capacity_vs_sim.py`` check these predictions against the simulator.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ class RequestShape:
     @property
     def total_len(self) -> int:
         return self.input_len + self.output_len
+
+    @property
+    def peak_kv_len(self) -> int:
+        """KV tokens the request holds at its peak: ``input + output - 1`` (the last sampled token is never
+        fed back, so its KV is never computed; the same last position as
+        :func:`decode_checkpoint_positions`), ``input`` when nothing is generated."""
+        return self.input_len + max(self.output_len - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,11 @@ class Workload:
     @property
     def mean_total_len(self) -> float:
         return self.mean_input_len + self.mean_output_len
+
+    @property
+    def mean_peak_kv_len(self) -> float:
+        """Mean of :attr:`RequestShape.peak_kv_len`: the KV a running request needs at its peak."""
+        return sum(r.peak_kv_len for r in self.requests) / len(self.requests)
 
 
 def _trace_len(row: dict[str, Any], which: str, path: str, line: int) -> int:
@@ -360,7 +375,7 @@ def balance(resolution: PoolResolution, workload: Workload, concurrency: int | N
     the admission demand in the pools' memory, else the resolved ``max_running_requests``)."""
     cache = resolution.inputs.cache
     counts = expected_workload_checkpoints(cache, workload)
-    tokens = workload.mean_total_len
+    tokens = workload.mean_peak_kv_len
     per_request_kv = tokens * float(resolution.kv.bytes_per_token)
     slot = resolution.bytes_per_slot
     if concurrency is None:
@@ -420,8 +435,8 @@ def compare_dcp(resolution: PoolResolution, workload: Workload, concurrency: int
         kv = kv_token_bytes(inputs.model, Parallelism(tp, dcp), inputs.kv_cache_dtype)
         bal = Balance(
             concurrency=concurrency,
-            kv_tokens_per_request=workload.mean_total_len,
-            kv_bytes_per_request=workload.mean_total_len * float(kv.bytes_per_token),
+            kv_tokens_per_request=workload.mean_peak_kv_len,
+            kv_bytes_per_request=workload.mean_peak_kv_len * float(kv.bytes_per_token),
             slot_bytes=resolution.bytes_per_slot,
             slots_per_request=inputs.cache.slots_per_request,
             kept_checkpoints_per_request=counts.mean_kept,
@@ -473,8 +488,8 @@ def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: in
     per_request = expected_checkpoints(cache, single.input_len, single.output_len) if single else None
     kv_usage = kv_limit = binding = None
     if resolution.num_tokens:
-        kv_usage = resolution.max_running_requests * workload.mean_total_len / resolution.num_tokens
-        kv_limit = int(resolution.num_tokens // workload.mean_total_len)
+        kv_usage = resolution.max_running_requests * workload.mean_peak_kv_len / resolution.num_tokens
+        kv_limit = int(resolution.num_tokens // workload.mean_peak_kv_len)
         # SGLang admits max_running_requests; the workload's sequences may exhaust the KV pool first
         binding = "full KV tokens" if kv_limit < resolution.max_running_requests else resolution.binding
     return Plan(
