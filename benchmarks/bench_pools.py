@@ -7,10 +7,16 @@ baseline, runs the same steps; the table prints steps per second and ours / base
 
 The baseline is the simplest correct allocator: a Python list of free ids used as a stack, ``alloc``
 slicing n ids off its end, ``free`` extending it, with no misuse checks. Ours checks every free (range,
-double free, duplicates) through the allocation bitmap and returns device tensors.
+double free, duplicates) through the allocation bitmap and returns torch tensors.
 
-    .venv/bin/python benchmarks/bench_pools.py            # ~1 minute on 1 core
+torch runs on 1 thread (``torch.set_num_threads(1)``, printed in the header): these calls are a few
+microseconds each, and on a loaded machine extra intra-op threads only add wake-up cost (small index ops
+were ~25x slower with 2 threads than with 1). The CPU pools' free list works through numpy and does not
+depend on the setting; ``--backend torch`` measures the plain-torch free list that non-CPU devices use.
+
+    .venv/bin/python benchmarks/bench_pools.py            # ~20 s on 1 core
     .venv/bin/python benchmarks/bench_pools.py --quick    # a few seconds, smaller step counts
+    .venv/bin/python benchmarks/bench_pools.py --backend torch   # the device free list, run on CPU
 """
 
 from __future__ import annotations
@@ -68,7 +74,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per cell")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "torch"],
+        default="auto",
+        help="free list implementation of our pools (auto: numpy views on CPU)",
+    )
     args = parser.parse_args()
+    backend = args.backend
     torch.set_num_threads(1)
     scale = 0.1 if args.quick else 1.0
     token_pool, state_pool, page_size = 1_000_000, 10_000, 16
@@ -80,7 +93,7 @@ def main() -> None:
         window = max(1, min(1024, token_pool // (2 * batch)))
 
         def ours() -> tuple:
-            a = TokenToKVPoolAllocator(token_pool)
+            a = TokenToKVPoolAllocator(token_pool, backend=backend)
             return a.alloc, a.free
 
         def base() -> tuple:
@@ -93,7 +106,7 @@ def main() -> None:
         window = max(1, min(1024, token_pool // (2 * batch_tokens)))
 
         def ours() -> tuple:
-            a = PagedTokenToKVPoolAllocator(token_pool, page_size)
+            a = PagedTokenToKVPoolAllocator(token_pool, page_size, backend=backend)
             return a.alloc, a.free
 
         def base() -> tuple:
@@ -106,7 +119,7 @@ def main() -> None:
         window = max(1, min(1024, state_pool // (2 * batch)))
 
         def ours() -> tuple:
-            pool = MambaPool(state_pool, 1, [(3, 8)], (1, 4, 4))
+            pool = MambaPool(state_pool, 1, [(3, 8)], (1, 4, 4), backend=backend)
             return pool.alloc, pool.free
 
         def base() -> tuple:
@@ -124,7 +137,8 @@ def main() -> None:
 
     header = f"{'pool':<24} {'ids/step':>8} {'steps':>7} {'ours steps/s':>13} {'baseline steps/s':>17} {'ours/baseline':>14}"
     print(
-        f"torch {torch.__version__}, 1 thread, best of {args.repeats}; churn: up to 1024 batches alive (at most half the pool)"
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread, free list backend {backend}, "
+        f"best of {args.repeats}; churn: up to 1024 batches alive (at most half the pool)"
     )
     print(header)
     print("-" * len(header))

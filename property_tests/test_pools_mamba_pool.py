@@ -193,10 +193,13 @@ class MambaPoolMachine(RuleBasedStateMachine):
     refused calls change neither."""
 
     SIZE = 8
+    BACKEND = "auto"  # the free list implementation; the subclass below runs the device one on CPU
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = MambaPool(self.SIZE, 2, [(2, 4)], (2, 2), torch.bfloat16, torch.float32)
+        self.pool = MambaPool(
+            self.SIZE, 2, [(2, 4)], (2, 2), torch.bfloat16, torch.float32, backend=self.BACKEND
+        )
         self.values: dict[int, float] = {}
         self.counter = 0.0
 
@@ -270,3 +273,10 @@ class MambaPoolMachine(RuleBasedStateMachine):
 
 
 TestMambaPoolMachine = MambaPoolMachine.TestCase
+
+
+class MambaPoolMachineTorchBackend(MambaPoolMachine):
+    BACKEND = "torch"
+
+
+TestMambaPoolMachineTorchBackend = MambaPoolMachineTorchBackend.TestCase

@@ -206,10 +206,11 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
 
     PAGE = 4
     NUM_PAGES = 10
+    BACKEND = "auto"  # the free list implementation; the subclass below runs the device one on CPU
 
     def __init__(self) -> None:
         super().__init__()
-        self.a = PagedTokenToKVPoolAllocator(self.PAGE * self.NUM_PAGES, self.PAGE)
+        self.a = PagedTokenToKVPoolAllocator(self.PAGE * self.NUM_PAGES, self.PAGE, backend=self.BACKEND)
         self.seqs: dict[int, list[int]] = {}  # request -> KV index per position
         self.freed_upto: dict[int, int] = {}  # request -> leading positions given back (page multiple)
         self.next_rid = 0
@@ -328,3 +329,10 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
 
 
 TestPagedAllocatorMachine = PagedAllocatorMachine.TestCase
+
+
+class PagedAllocatorMachineTorchBackend(PagedAllocatorMachine):
+    BACKEND = "torch"
+
+
+TestPagedAllocatorMachineTorchBackend = PagedAllocatorMachineTorchBackend.TestCase

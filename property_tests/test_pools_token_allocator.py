@@ -222,17 +222,18 @@ class TokenAllocatorMachine(RuleBasedStateMachine):
     refused call changes nothing."""
 
     SIZE = 24
+    BACKEND = "auto"  # the free list implementation; the subclass below runs the device one on CPU
 
     def __init__(self) -> None:
         super().__init__()
         self.need_sort = True
-        self.alloc_ = TokenToKVPoolAllocator(self.SIZE, need_sort=self.need_sort)
+        self.alloc_ = TokenToKVPoolAllocator(self.SIZE, need_sort=self.need_sort, backend=self.BACKEND)
         self.allocated: set[int] = set()
         self.in_group = False
 
     @rule(need_sort=st.booleans())
     def restart(self, need_sort):
-        self.alloc_ = TokenToKVPoolAllocator(self.SIZE, need_sort=need_sort)
+        self.alloc_ = TokenToKVPoolAllocator(self.SIZE, need_sort=need_sort, backend=self.BACKEND)
         self.allocated.clear()
         self.in_group = False
 
@@ -289,3 +290,10 @@ class TokenAllocatorMachine(RuleBasedStateMachine):
 
 
 TestTokenAllocatorMachine = TokenAllocatorMachine.TestCase
+
+
+class TokenAllocatorMachineTorchBackend(TokenAllocatorMachine):
+    BACKEND = "torch"
+
+
+TestTokenAllocatorMachineTorchBackend = TokenAllocatorMachineTorchBackend.TestCase

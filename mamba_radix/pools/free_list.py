@@ -1,4 +1,4 @@
-"""A device free list of integer ids ``1..num_ids`` with an allocation bitmap (id 0 is padding).
+"""A free list of integer ids ``1..num_ids`` with an allocation bitmap (id 0 is padding).
 
 The building block of the token allocators (ids are KV indices or pages) and of :class:`MambaPool`
 (ids are state slots). SGLang semantics (seed 003, ``reference/sglang-semantics.md`` §6):
@@ -13,17 +13,38 @@ Freed ids are kept as a list of chunks and concatenated only at a merge, so ``fr
 copies the whole free list (SGLang's ``torch.cat`` per free is O(pool size)); a merge costs
 O(ids merged + the request) and is paid for by the frees that fed it.
 
-The bitmap ``allocated`` makes every misuse check vectorised: range, double free and never-allocated are
-caught in O(k) before anything changes.
+The bitmap ``allocated`` makes every misuse check one gather: it has ``num_ids + 2`` entries and both
+ends, 0 (padding) and ``num_ids + 1`` (a sentinel), are never set, so clamping an id into
+``0..num_ids + 1`` and reading the bitmap answers "in range and allocated" at once. Only when that fused
+check fails are the precise diagnostics of :mod:`._indices` run (which value, which rule), so the cost of
+a good error message is paid only by a bad call.
+
+Two implementations with one behaviour (a differential test drives them side by side):
+
+- :class:`FreeList`, plain torch, any device. ``alloc`` never syncs with the host; a checked ``free`` syncs
+  once (one fused ``all()``), an unchecked one never.
+- :class:`HostFreeList`, for CPU pools. The same tensors, read and written through numpy views of their
+  memory: a numpy call on a small array costs ~0.3 us where the torch call costs 2-5 us, and the
+  allocators' per-call cost is nothing but such small calls. It is independent of
+  ``torch.get_num_threads()`` (numpy runs these on one thread).
+
+:func:`make_free_list` picks one by device.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from mamba_radix.errors import InvariantError
 from mamba_radix.pools._indices import check_allocated, check_in_range, check_no_duplicates
 
-__all__ = ["FreeList"]
+__all__ = ["FreeList", "HostFreeList", "make_free_list"]
+
+# A need_sort merge of a free list this large (relative to the pool) reads the bitmap instead of sorting:
+# the free ids in ascending order are exactly the unset bits, an O(num_ids) scan that beats sorting once
+# the list is more than ~1/8 of the pool.
+_SCAN_FRACTION = 8
 
 
 class FreeList:
@@ -31,6 +52,9 @@ class FreeList:
 
     ``available`` counts every free id, including freed ids not merged yet and frees pending in a group:
     they are free the moment ``free`` returns, and an ``alloc`` that needs them merges them in.
+
+    State: ``_buf[_head:]`` is the merged free list (a head pointer instead of re-slicing on each alloc);
+    ``_released`` are freed chunks not merged yet; ``_group`` the chunks of an open free group.
     """
 
     def __init__(self, num_ids: int, device: torch.device, need_sort: bool, what: str) -> None:
@@ -38,25 +62,36 @@ class FreeList:
         self.device = device
         self.need_sort = need_sort
         self.what = what
-        self.allocated = torch.zeros(num_ids + 1, dtype=torch.bool, device=device)
+        # [0] padding and [num_ids + 1] sentinel stay False forever (see the module docstring).
+        self.allocated = torch.zeros(num_ids + 2, dtype=torch.bool, device=device)
         # Scratch for the O(k) duplicate check; contents are meaningless between calls.
-        self._scratch = torch.empty(num_ids + 1, dtype=torch.int32, device=device)
+        self._scratch = torch.empty(num_ids + 2, dtype=torch.int32, device=device)
         self.clear()
 
     # ------------------------------------------------------------------------------------------ state
     def clear(self) -> None:
         """Free every id: the free list becomes ``1..num_ids`` in order. O(num_ids)."""
-        self.free_pages = torch.arange(1, self.num_ids + 1, dtype=torch.int64, device=self.device)
-        self._released: list[torch.Tensor] = []  # freed chunks, not merged yet
+        self._set_buffer(torch.arange(1, self.num_ids + 1, dtype=torch.int64, device=self.device))
+        self._released: list = []  # freed chunks, not merged yet
         self._num_released = 0
-        self._group: list[torch.Tensor] | None = None  # frees of an open group
+        self._group: list | None = None  # chunks freed inside an open group
         self._num_in_group = 0
         self.allocated.zero_()
+
+    def _set_buffer(self, buf: torch.Tensor) -> None:
+        self._buf = buf
+        self._head = 0
+        self._buf_len = buf.numel()
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """The merged free list; its head is what ``alloc`` hands out next (a view, no copy)."""
+        return self._buf[self._head :]
 
     @property
     def available(self) -> int:
         """Free ids, merged or not. O(1), no device sync."""
-        return self.free_pages.numel() + self._num_released + self._num_in_group
+        return self._buf_len - self._head + self._num_released + self._num_in_group
 
     @property
     def release_pages(self) -> torch.Tensor:
@@ -64,76 +99,72 @@ class FreeList:
         chunks = [*self._released, *(self._group or [])]
         if not chunks:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        return torch.cat(chunks)
+        return self._to_tensor(self._cat(chunks)).clone()
 
     # ------------------------------------------------------------------------------------- alloc/free
     def alloc(self, num_ids: int) -> torch.Tensor | None:
         """Take ``num_ids`` ids from the head of the free list, or return ``None`` and take nothing.
 
+        The result is a view of the free list's buffer (the list never reads those entries again).
         Side effects: marks the ids allocated; may merge (and sort, with ``need_sort``) released ids.
-        O(num_ids) plus an amortised merge.
+        O(num_ids) plus an amortised merge; no host sync.
         """
-        if num_ids > self.available:
-            return None
-        if num_ids > self.free_pages.numel():
+        head = self._head
+        end = head + num_ids
+        if end > self._buf_len:
+            if num_ids > self.available:
+                return None
             self.merge()
-        ids = self.free_pages[:num_ids]
-        self.free_pages = self.free_pages[num_ids:]
-        self.allocated[ids] = True
+            head, end = 0, num_ids
+        self._head = end
+        ids = self._buf[head:end]
+        self._mark(head, end, ids)
         return ids
 
-    def free(self, ids: torch.Tensor, known_unique: bool = False) -> None:
-        """Return ``ids`` (1-D int64 on the device) to the free list. O(k). ``known_unique``: the caller
-        guarantees no repeats (skips that part of the check).
+    def free(self, ids: torch.Tensor, check: bool = True) -> None:
+        """Return ``ids`` (1-D int64 on the device, no repeats) to the free list. O(k).
 
-        Raises :class:`~mamba_radix.errors.InvalidIndex` (nothing changed) for padding, out-of-range,
-        never-allocated or already-freed ids, or an id given twice.
+        With ``check`` (the default) raises :class:`~mamba_radix.errors.InvalidIndex`, nothing changed,
+        for padding, out-of-range, never-allocated or already-freed ids, or an id given twice; costs one
+        host sync on a GPU. ``check=False`` trusts the caller (ids straight from ``alloc``, each once): no
+        validation and no sync, and a bad id then corrupts the list silently.
+        Side effects: clears the ids' bits; keeps a copy of them (never the caller's tensor).
         """
         if ids.numel() == 0:
             return
-        self._check_freeable(ids, known_unique)
+        if check and not self._all_allocated_once(ids):
+            self._raise_bad_free(ids)
         self.allocated[ids] = False
-        # Own the storage: a caller's view of a larger tensor must not be kept alive or aliased.
-        ids = ids.clone()
-        if self._group is not None:
-            self._group.append(ids)
-            self._num_in_group += ids.numel()
-        else:
-            self._released.append(ids)
-            self._num_released += ids.numel()
+        self._park(ids.clone(), ids.numel())  # own a copy: never keep or alias a view of the caller's
 
-    def _check_freeable(self, ids: torch.Tensor, known_unique: bool) -> None:
-        """Range, allocation and repeat checks fused into two host syncs; the precise error (which
-        value, which rule) is worked out only on failure."""
-        low, high = (int(v) for v in torch.aminmax(ids))
-        if low < 1 or high > self.num_ids:
-            check_in_range(ids, 1, self.num_ids, self.what)
-        ok = self.allocated[ids]
-        if not known_unique and ids.numel() > 1:
-            ranks = torch.arange(ids.numel(), dtype=self._scratch.dtype, device=ids.device)
-            self._scratch[ids] = ranks
-            ok &= self._scratch[ids] == ranks
-        if not bool(ok.all()):
-            check_allocated(self.allocated, ids, self.what)
-            check_no_duplicates(self._scratch, ids, self.what)
+    def free_containing(self, ids: torch.Tensor, divisor: int, check: bool = True) -> None:
+        """Free each id ``ids // divisor`` once, however often it occurs (the paged allocator frees the
+        pages its token indices fall in). Errors and ``check`` as :meth:`free`, in terms of the divided
+        ids. O(k); on a GPU one host sync, checked or not (the number of distinct ids sizes the result)."""
+        if ids.numel() == 0:
+            return
+        distinct = self._divide_unique(ids, divisor, check)  # a new tensor, owned
+        self.allocated[distinct] = False
+        self._park(distinct, distinct.numel())
 
-    def check_allocated(self, ids: torch.Tensor) -> None:
-        """Raise :class:`~mamba_radix.errors.InvalidIndex` unless every id is in range and allocated."""
+    def _raise_bad_free(self, ids: torch.Tensor) -> None:
+        """The precise error for a free whose fused check failed: range, then allocation, then repeats."""
         check_in_range(ids, 1, self.num_ids, self.what)
         check_allocated(self.allocated, ids, self.what)
+        check_no_duplicates(self._scratch, ids, self.what)
+        raise InvariantError(f"free of {self.what}s {ids.tolist()} failed its check but no rule names it")
+
+    def check_allocated(self, ids: torch.Tensor) -> None:
+        """Raise :class:`~mamba_radix.errors.InvalidIndex` unless every id is in range and allocated.
+        O(k), one fused check (one host sync on a GPU)."""
+        if ids.numel() and not self._all_allocated(ids):
+            check_in_range(ids, 1, self.num_ids, self.what)
+            check_allocated(self.allocated, ids, self.what)
 
     def check_unique(self, ids: torch.Tensor) -> None:
-        """Raise :class:`~mamba_radix.errors.InvalidIndex` if an id occurs twice in ``ids``. O(k)."""
+        """Raise :class:`~mamba_radix.errors.InvalidIndex` if an id occurs twice in ``ids`` (which must be
+        in range). O(k)."""
         check_no_duplicates(self._scratch, ids, self.what)
-
-    def unique(self, ids: torch.Tensor) -> torch.Tensor:
-        """``ids`` without repeats (one occurrence of each, order not kept). O(k), no sort; ``ids`` must
-        be in ``0..num_ids``. Each position writes its rank; the positions whose write survived are kept."""
-        if ids.numel() < 2:
-            return ids
-        ranks = torch.arange(ids.numel(), dtype=self._scratch.dtype, device=ids.device)
-        self._scratch[ids] = ranks
-        return ids[self._scratch[ids] == ranks]
 
     def free_group_begin(self) -> None:
         """Start collecting frees; they are concatenated once at :meth:`free_group_end`. Not re-entrant."""
@@ -142,34 +173,228 @@ class FreeList:
             self._num_in_group = 0
 
     def free_group_end(self) -> None:
-        """Close the group: one concatenation of every free made inside it."""
+        """Close the group: one concatenation of every free made inside it. O(ids freed in the group)."""
         group, self._group = self._group, None
         if group:
-            merged = torch.cat(group)
+            merged = self._cat(group)
             self._released.append(merged)
-            self._num_released += merged.numel()
+            self._num_released += len(merged)
         self._num_in_group = 0
 
     def is_allocated(self, ids: torch.Tensor) -> torch.Tensor:
-        """Bool mask: which of ``ids`` are allocated (out-of-range ids read as not allocated)."""
-        inside = (ids >= 1) & (ids <= self.num_ids)
-        return inside & self.allocated[ids.clamp(0, self.num_ids)]
+        """Bool mask: which of ``ids`` are allocated (out-of-range ids read as not allocated). O(k)."""
+        return self.allocated[ids.clamp(0, self.num_ids + 1)]
 
     def allocated_ids(self) -> torch.Tensor:
         """Every allocated id, ascending. O(num_ids): for invariant checks, not hot paths."""
         return torch.nonzero(self.allocated).reshape(-1)
 
-    # ---------------------------------------------------------------------------------------- private
     def merge(self) -> None:
-        """Move every released id (and those of an open group) into the free list; sort if asked."""
-        chunks = [self.free_pages, *self._released]
-        if self._group:
-            chunks.extend(self._group)
-            self._group = []
-            self._num_in_group = 0
-        merged = torch.cat(chunks)
-        if self.need_sort:
-            merged = torch.sort(merged).values
-        self.free_pages = merged
+        """Move every released id (and those of an open group) into the free list; sort if asked.
+
+        O(ids merged) without ``need_sort``; with it, a sort of the merged ids, or for a free list over
+        1/8 of the pool a scan of the bitmap (the unset bits are the free ids, already in order).
+        Raises :class:`~mamba_radix.errors.InvariantError` if the result does not hold exactly the free
+        ids counted (a bookkeeping bug; checked in O(1)).
+        """
+        total = self.available
+        chunks = [self._buf_view(), *self._released, *(self._group or [])]
+        if self.need_sort and total * _SCAN_FRACTION >= self.num_ids:
+            merged = self._scan_free()
+        elif self.need_sort:
+            merged = self._sorted(self._cat(chunks))
+        else:
+            merged = self._cat(chunks)
+        if len(merged) != total:
+            raise InvariantError(f"free list merge produced {len(merged)} {self.what}s, expected {total}")
+        self._set_buffer(self._to_tensor(merged))
         self._released = []
         self._num_released = 0
+        if self._group:
+            self._group = []
+            self._num_in_group = 0
+
+    # ------------------------------------------------------------- backend: torch, any device, no numpy
+    # Chunks are int64 tensors on the device. Each hook below is a handful of torch calls.
+    def _mark(self, head: int, end: int, ids: torch.Tensor) -> None:
+        self.allocated[ids] = True
+
+    def _all_allocated(self, ids: torch.Tensor) -> bool:
+        return bool(self.allocated[ids.clamp(0, self.num_ids + 1)].all())
+
+    def _all_allocated_once(self, ids: torch.Tensor) -> bool:
+        """In range, allocated and no repeats, as one fused mask and one host sync."""
+        clamped = ids.clamp(0, self.num_ids + 1)
+        ok = self.allocated[clamped]
+        if ids.numel() > 1:
+            # Each position writes its rank; a repeated id keeps only one write, so the other position
+            # reads back a rank not its own. Clamped out-of-range ids are already failed above.
+            ranks = torch.arange(ids.numel(), dtype=self._scratch.dtype, device=ids.device)
+            self._scratch[clamped] = ranks
+            ok &= self._scratch[clamped] == ranks
+        return bool(ok.all())
+
+    def _divide_unique(self, ids: torch.Tensor, divisor: int, check: bool) -> torch.Tensor:
+        """The distinct ids of ``ids // divisor`` (a new tensor), checked if asked; one host sync."""
+        divided = ids.div(divisor, rounding_mode="floor") if divisor > 1 else ids
+        clamped = divided.clamp(0, self.num_ids + 1)
+        ranks = torch.arange(ids.numel(), dtype=self._scratch.dtype, device=ids.device)
+        self._scratch[clamped] = ranks
+        first = self._scratch[clamped] == ranks  # one position per distinct id
+        ok = self.allocated[clamped].all() if check else torch.ones((), dtype=torch.bool, device=ids.device)
+        ok_flag, count = torch.stack([ok.to(torch.int64), first.sum()]).tolist()  # the one host sync
+        if not ok_flag:
+            self._raise_bad_free(divided)
+        # nonzero_static takes its size from the host, so the selection itself does not sync again.
+        return divided[torch.nonzero_static(first, size=count).reshape(-1)]
+
+    def _park(self, chunk: object, count: int) -> None:
+        if self._group is not None:
+            self._group.append(chunk)
+            self._num_in_group += count
+        else:
+            self._released.append(chunk)
+            self._num_released += count
+
+    def _buf_view(self) -> torch.Tensor:
+        return self._buf[self._head :]
+
+    def _cat(self, chunks: list) -> torch.Tensor:
+        return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
+
+    def _sorted(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.sort(ids).values
+
+    def _scan_free(self) -> torch.Tensor:
+        # nonzero_static: the count is known on the host, so no sync to size the result.
+        free = ~self.allocated[1 : self.num_ids + 1]
+        return torch.nonzero_static(free, size=self.available).reshape(-1) + 1
+
+    def _to_tensor(self, chunk: torch.Tensor) -> torch.Tensor:
+        return chunk
+
+
+class HostFreeList(FreeList):
+    """:class:`FreeList` for a CPU pool: the same tensors, worked on through numpy views of their memory.
+
+    ``allocated``, ``_scratch`` and the free list buffer are torch tensors whose numpy views
+    (``_alloc_np``, ``_scratch_np``, ``_buf_np``) share their memory, so both always agree; released
+    chunks are numpy arrays (or lists of ints, from small frees), turned into one tensor at a merge.
+    ``alloc`` returns a view of the torch buffer, as the base class does.
+    """
+
+    def __init__(self, num_ids: int, device: torch.device, need_sort: bool, what: str) -> None:
+        if device.type != "cpu":
+            raise ValueError(f"HostFreeList works on CPU tensors only, not {device}")
+        super().__init__(num_ids, device, need_sort, what)
+        self._alloc_np = self.allocated.numpy()
+        self._scratch_np = self._scratch.numpy()
+
+    def _set_buffer(self, buf: torch.Tensor) -> None:
+        super()._set_buffer(buf)
+        self._buf_np = buf.numpy()
+
+    def _mark(self, head: int, end: int, ids: torch.Tensor) -> None:
+        self._alloc_np[self._buf_np[head:end]] = True
+
+    # A free of up to this many ids is checked and applied in plain Python on ``ids.tolist()``: a few
+    # 0.1 us steps per id beat the ~0.5-1 us fixed cost of each numpy call (decode frees 1 id, a paged
+    # free of one page 16, a request's state slots a handful).
+    SMALL = 16
+
+    def free(self, ids: torch.Tensor, check: bool = True) -> None:
+        """As :meth:`FreeList.free`: the same checks and result, in Python for small frees and as a few
+        numpy calls on one view of ``ids`` otherwise."""
+        k = ids.numel()
+        if k == 0:
+            return
+        if k <= self.SMALL:
+            vals = ids.tolist()
+            if check and not (self._py_all_allocated(vals) and (k == 1 or len(set(vals)) == k)):
+                self._raise_bad_free(ids)
+            self._py_release(vals)
+            return
+        a = ids.numpy()
+        if check and not self._np_all_allocated_once(a):
+            self._raise_bad_free(ids)
+        self._alloc_np[a] = False
+        self._park(a.copy(), k)  # copy: own the storage, never alias the caller's tensor
+
+    def free_containing(self, ids: torch.Tensor, divisor: int, check: bool = True) -> None:
+        """As :meth:`FreeList.free_containing`. Each distinct id is kept at its last occurrence, in
+        order, on both paths."""
+        k = ids.numel()
+        if k == 0:
+            return
+        if k <= self.SMALL:
+            divided = [v // divisor for v in ids.tolist()]
+            if check and not self._py_all_allocated(divided):
+                self._raise_bad_free(torch.tensor(divided, dtype=torch.int64))
+            self._py_release(list(dict.fromkeys(reversed(divided)))[::-1] if k > 1 else divided)
+            return
+        divided = ids.numpy() // divisor  # a new array, owned
+        if check and not self._alloc_np.take(divided, mode="clip").all():
+            self._raise_bad_free(torch.from_numpy(divided))
+        # In range now (checked, or trusted), so plain fancy indexing, ~2x cheaper than put(mode="clip").
+        scratch, ranks = self._scratch_np, np.arange(k, dtype=np.int32)
+        scratch[divided] = ranks  # the last write of a repeated id survives
+        divided = divided[scratch.take(divided) == ranks]
+        self._alloc_np[divided] = False
+        self._park(divided, len(divided))
+
+    def _py_all_allocated(self, vals: list[int]) -> bool:
+        alloc, high = self._alloc_np, self.num_ids
+        return all(0 < v <= high and alloc[v] for v in vals)
+
+    def _py_release(self, vals: list[int]) -> None:
+        alloc = self._alloc_np
+        for v in vals:
+            alloc[v] = False
+        self._park(vals, len(vals))  # a fresh list: owned, no copy needed; np.concatenate takes lists
+
+    def _all_allocated(self, ids: torch.Tensor) -> bool:
+        # take(mode="clip") clamps into 0..num_ids + 1, whose ends are never set: range + bitmap in one.
+        return bool(self._alloc_np.take(ids.numpy(), mode="clip").all())
+
+    def _np_all_allocated_once(self, a: np.ndarray) -> bool:
+        """In range, allocated and no repeats, as the torch backend's fused mask; here two passes, as
+        the range check lets the repeat check use plain fancy indexing (~2x cheaper than clipping)."""
+        if not self._alloc_np.take(a, mode="clip").all():
+            return False
+        scratch, ranks = self._scratch_np, np.arange(len(a), dtype=np.int32)
+        scratch[a] = ranks
+        return bool((scratch.take(a) == ranks).all())
+
+    def _buf_view(self) -> np.ndarray:
+        return self._buf_np[self._head :]
+
+    def _cat(self, chunks: list) -> np.ndarray:
+        return np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+
+    def _sorted(self, ids: np.ndarray) -> np.ndarray:
+        # Stable (timsort for int64): the merged free list is an ascending run followed by the released
+        # chunks, which timsort merges in ~O(n + r log r) where a quicksort pays O(n log n).
+        return np.sort(ids, kind="stable")
+
+    def _scan_free(self) -> np.ndarray:
+        return np.flatnonzero(~self._alloc_np[1 : self.num_ids + 1]) + 1
+
+    def _to_tensor(self, chunk: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.int64))
+
+
+def make_free_list(
+    num_ids: int, device: torch.device, need_sort: bool, what: str, backend: str = "auto"
+) -> FreeList:
+    """A free list for ``device``: :class:`HostFreeList` on CPU, :class:`FreeList` elsewhere.
+
+    ``backend="torch"`` forces the device implementation (tests run it on CPU to cover the GPU path);
+    ``"host"`` forces the numpy one (CPU only).
+    """
+    if backend == "auto":
+        backend = "host" if device.type == "cpu" else "torch"
+    if backend == "host":
+        return HostFreeList(num_ids, device, need_sort, what)
+    if backend == "torch":
+        return FreeList(num_ids, device, need_sort, what)
+    raise ValueError(f"backend must be 'auto', 'host' or 'torch', got {backend!r}")

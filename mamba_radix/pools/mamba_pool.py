@@ -25,7 +25,7 @@ from mamba_radix.pools._indices import (
     check_size,
     resolve_device,
 )
-from mamba_radix.pools.free_list import FreeList
+from mamba_radix.pools.free_list import make_free_list
 
 __all__ = ["MambaPool"]
 
@@ -52,6 +52,7 @@ class MambaPool:
     ``[num_layers, size + 1, *temporal_shape]`` in ``temporal_dtype``. ``bytes_per_slot`` is exact: the
     bytes one slot occupies over all layers, conv and temporal (``conv_bytes_per_slot`` +
     ``temporal_bytes_per_slot``). Slot handling is O(k) per call; the free list never sorts.
+    ``backend``: the free list implementation, as for :class:`TokenToKVPoolAllocator`.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class MambaPool:
         conv_dtypes: torch.dtype | Sequence[torch.dtype] = torch.bfloat16,
         temporal_dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        backend: str = "auto",
     ) -> None:
         self.size = check_size(size, "size")
         self.num_layers = check_size(num_layers, "num_layers")
@@ -98,7 +100,7 @@ class MambaPool:
             self.num_layers * math.prod(self.temporal_shape) * item(self.temporal_dtype)
         )
         self.bytes_per_slot = self.conv_bytes_per_slot + self.temporal_bytes_per_slot
-        self._free_list = FreeList(self.size, self.device, need_sort=False, what="state slot")
+        self._free_list = make_free_list(self.size, self.device, False, "state slot", backend)
 
     # ----------------------------------------------------------------------------------------- sizes
     @property
@@ -127,10 +129,12 @@ class MambaPool:
         check_count(num_slots, "num_slots")
         return self._free_list.alloc(num_slots)
 
-    def free(self, slots: IndexLike) -> None:
+    def free(self, slots: IndexLike, check: bool = True) -> None:
         """Return slots. Raises :class:`~mamba_radix.errors.InvalidIndex` and frees nothing for slot 0,
-        out-of-range, unallocated or repeated slots. O(k)."""
-        self._free_list.free(as_index_tensor(slots, self.device, "state slot"))
+        out-of-range, unallocated or repeated slots (one fused check, one host sync on a GPU). O(k).
+        ``check=False``: trusted callers freeing exactly what ``alloc`` returned skip the check; a bad
+        slot then corrupts the pool silently."""
+        self._free_list.free(as_index_tensor(slots, self.device, "state slot"), check)
 
     def check_allocated(self, slots: IndexLike) -> torch.Tensor:
         """``slots`` as an int64 tensor; raises :class:`~mamba_radix.errors.InvalidIndex` unless every

@@ -24,7 +24,7 @@ from mamba_radix.pools._indices import (
     check_size,
     resolve_device,
 )
-from mamba_radix.pools.free_list import FreeList
+from mamba_radix.pools.free_list import make_free_list
 
 __all__ = ["PagedTokenToKVPoolAllocator", "get_last_loc"]
 
@@ -41,10 +41,16 @@ def get_last_loc(req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: to
 
 class PagedTokenToKVPoolAllocator:
     """``size`` KV indices in ``size // page_size`` pages on ``device``; ``size`` must be a multiple of
-    ``page_size``. Sizes are counted in tokens: ``available_size() + used == size``."""
+    ``page_size``. Sizes are counted in tokens: ``available_size() + used == size``. ``backend``: the free
+    list implementation, as for :class:`~mamba_radix.pools.TokenToKVPoolAllocator`."""
 
     def __init__(
-        self, size: int, page_size: int, device: str | torch.device = "cpu", need_sort: bool = True
+        self,
+        size: int,
+        page_size: int,
+        device: str | torch.device = "cpu",
+        need_sort: bool = True,
+        backend: str = "auto",
     ) -> None:
         self.size = check_size(size, "size")
         self.page_size = check_size(page_size, "page_size")
@@ -55,7 +61,7 @@ class PagedTokenToKVPoolAllocator:
         self.num_pages = size // page_size
         self.device = resolve_device(device)
         self.need_sort = need_sort
-        self._free_list = FreeList(self.num_pages, self.device, need_sort, "KV page")
+        self._free_list = make_free_list(self.num_pages, self.device, need_sort, "KV page", backend)
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
 
     @property
@@ -212,22 +218,36 @@ class PagedTokenToKVPoolAllocator:
             )
 
     # ------------------------------------------------------------------------------------------- free
-    def free(self, indices: IndexLike) -> None:
+    def free(self, indices: IndexLike, check: bool = True) -> None:
         """Free every page that ``indices`` fall in (each page once, however many of its indices are
         given). O(k). Raises :class:`InvalidIndex` and frees nothing for an index in the padding page, out
-        of range, or in a page not allocated (double free)."""
+        of range, or in a page not allocated (double free).
+
+        The check is fused into the page-level pass (an index out of range falls in page 0 or a page past
+        the last, which are never allocated); only a failed call works out the token-level message.
+        ``check=False``: trusted callers freeing exactly what they were given skip it; a bad index then
+        corrupts the pool silently.
+        """
         idx = as_index_tensor(indices, self.device, "KV index")
-        if idx.numel() == 0:
-            return
+        try:
+            self._free_list.free_containing(idx, self.page_size, check)
+        except InvalidIndex:
+            self._check_token_range(idx)  # raises the more precise token-level error if there is one
+            raise
+
+    def _check_token_range(self, idx: torch.Tensor) -> None:
+        """Raise the token-level error for an index in the padding page or past the last page, if any
+        (``from None``: called while the page-level error is handled, which it replaces)."""
         bad = (idx < self.page_size) | (idx > self.max_index)
         if bool(bad.any()):
             value = int(idx[bad][0])
             if 0 <= value < self.page_size:
-                raise InvalidIndex(f"KV index {value} lies in page 0, the padding page; it is never freed")
+                raise InvalidIndex(
+                    f"KV index {value} lies in page 0, the padding page; it is never freed"
+                ) from None
             raise InvalidIndex(
                 f"KV index {value} is out of range; valid values are {self.page_size}..{self.max_index}"
-            )
-        self._free_list.free(self._free_list.unique(idx // self.page_size), known_unique=True)
+            ) from None
 
     def free_group_begin(self) -> None:
         """Collect the following frees; :meth:`free_group_end` concatenates them once."""
@@ -257,4 +277,5 @@ class PagedTokenToKVPoolAllocator:
         return self._expand(self._free_list.allocated_ids())
 
     def _expand(self, pages: torch.Tensor) -> torch.Tensor:
-        return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
+        """Page ids to their KV indices, page after page: one fused multiply-add. O(pages * page_size)."""
+        return torch.add(self._page_offsets, pages.unsqueeze(1), alpha=self.page_size).reshape(-1)

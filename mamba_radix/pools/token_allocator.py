@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_count, check_size, resolve_device
-from mamba_radix.pools.free_list import FreeList
+from mamba_radix.pools.free_list import make_free_list
 
 __all__ = ["TokenToKVPoolAllocator"]
 
@@ -23,15 +23,20 @@ class TokenToKVPoolAllocator:
     ``available_size()`` counts free indices (merged or not); ``used`` counts allocated ones; they always
     sum to ``size``. Every method is O(k) in the indices it takes or returns, except ``clear`` and
     ``allocated_indices`` (O(size), not for hot paths).
+
+    ``backend`` picks the free list implementation (see :mod:`.free_list`): ``"auto"`` (numpy views on
+    CPU, torch elsewhere); ``"torch"`` forces the device one, which tests use to cover it on CPU.
     """
 
     page_size = 1
 
-    def __init__(self, size: int, device: str | torch.device = "cpu", need_sort: bool = True) -> None:
+    def __init__(
+        self, size: int, device: str | torch.device = "cpu", need_sort: bool = True, backend: str = "auto"
+    ) -> None:
         self.size = check_size(size, "size")
         self.device = resolve_device(device)
         self.need_sort = need_sort
-        self._free_list = FreeList(self.size, self.device, need_sort, "KV index")
+        self._free_list = make_free_list(self.size, self.device, need_sort, "KV index", backend)
 
     # ----------------------------------------------------------------------------------------- sizes
     def available_size(self) -> int:
@@ -62,14 +67,17 @@ class TokenToKVPoolAllocator:
         check_count(num_tokens, "num_tokens")
         return self._free_list.alloc(num_tokens)
 
-    def free(self, indices: IndexLike) -> None:
+    def free(self, indices: IndexLike, check: bool = True) -> None:
         """Return KV indices to the pool (batched while a free group is open). O(k).
 
         Raises :class:`~mamba_radix.errors.InvalidIndex` and changes nothing for index 0, an index out of
         range, never allocated or already freed, or given twice; :class:`InvalidArgument` for a
-        non-integer tensor or one on another device.
+        non-integer tensor or one on another device. The check is one fused pass (one host sync on a GPU).
+
+        ``check=False`` is for trusted hot paths that free exactly what ``alloc`` returned, once: it skips
+        the misuse check (and so its host sync on a GPU); a bad index then corrupts the pool silently.
         """
-        self._free_list.free(as_index_tensor(indices, self.device, "KV index"))
+        self._free_list.free(as_index_tensor(indices, self.device, "KV index"), check)
 
     def free_group_begin(self) -> None:
         """Collect the following frees; :meth:`free_group_end` concatenates them once."""
