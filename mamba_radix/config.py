@@ -16,10 +16,12 @@ from typing import Literal
 from mamba_radix.errors import ConfigError
 
 __all__ = [
+    "CHECKPOINT_ADMISSIONS",
     "EVICTION_ORDERS",
     "LRU_REFRESH_MODES",
     "STRATEGIES",
     "CacheConfig",
+    "CheckpointAdmission",
     "EvictionOrder",
     "LruRefresh",
     "ResolvedStrategy",
@@ -28,17 +30,24 @@ __all__ = [
 
 Strategy = Literal["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]
 ResolvedStrategy = Literal["no_buffer", "extra_buffer", "extra_buffer_lazy"]
-EvictionOrder = Literal["leaf_first", "root_first", "mixed"]
+EvictionOrder = Literal["leaf_first", "root_first", "mixed", "flop_weighted"]
 LruRefresh = Literal["node", "path"]
+CheckpointAdmission = Literal["all", "branch_and_end"]
 
 STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
-EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed")
+EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed", "flop_weighted")
 LRU_REFRESH_MODES: tuple[str, ...] = ("node", "path")
+CHECKPOINT_ADMISSIONS: tuple[str, ...] = ("all", "branch_and_end")
 
 # Slots every running request holds (SGLang PR #37943): its live state, the admission-locked matched
 # checkpoint, and a spare for a donation or a copy-on-write. Ping-pong track slots come on top.
 BASE_SLOTS_PER_REQUEST = 3
 BASE_SLOTS_PER_REQUEST_SKIP_DECODE_LOCK = 2
+
+# flop_weighted defaults (see mamba_radix.eviction): a doubling of saved compute is worth 32 ticks of
+# recency; attention's quadratic cost equals the linear cost at 2^16 tokens (≈ Qwen3-Next-80B-A3B).
+DEFAULT_FLOP_WEIGHT = 32.0
+DEFAULT_FLOP_CROSSOVER = 65536
 
 
 def _flag(name: str) -> str:
@@ -61,7 +70,8 @@ class CacheConfig:
     - ``mamba_max_states_per_path``: soft cap on checkpoints per root-to-leaf path; -1 = unlimited.
     - ``mamba_eviction_order``: checkpoint victim order among equally old candidates: ``leaf_first``
       (deepest first), ``root_first`` (shallowest first) or ``mixed`` (a running request's superseded
-      checkpoints first, shallowest first, then the rest leaf-first).
+      checkpoints first, shallowest first, then the rest leaf-first); or ``flop_weighted`` (Marconi's
+      idea: LRU with a bonus for the compute a checkpoint saves, see :mod:`mamba_radix.eviction`).
     - ``mamba_lru_refresh``: on a hit refresh only the consumed checkpoint (``node``, SGLang after
       PR #31643) or every checkpoint of the matched path (``path``, the older behaviour).
     - ``chunked_prefill_size``: tokens per prefill chunk; -1 disables chunking.
@@ -70,6 +80,20 @@ class CacheConfig:
     - ``disaggregation_mode``: ``null``, ``prefill`` or ``decode`` (lazy buffers are not allowed with PD).
     - ``model_supports_extra_buffer``: whether the architecture has the FLA kernels extra_buffer needs.
     - ``disable_radix_cache``: no prefix caching at all (one slot per request).
+
+    Peers as policies (DESIGN.md §9; our flags, not SGLang's; presets in :mod:`mamba_radix.peers`):
+
+    - ``mamba_checkpoint_admission``: which prefill chunks checkpoint (extra_buffer only): ``all`` (every
+      chunk, as SGLang) or ``branch_and_end`` (Marconi's admission: only the chunk holding the branch
+      point and the chunk holding the input's last aligned position; see
+      :func:`mamba_radix.strategies.prefill_track_len`). Decode checkpoints are the same under both.
+    - ``mamba_flop_weight``: ``flop_weighted`` only: clock ticks of recency that one doubling of a
+      checkpoint's saved compute is worth, i.e. the half-life (in ticks) of its reuse probability;
+      0 makes ``flop_weighted`` plain LRU with leaf-first ties.
+    - ``mamba_flop_crossover``: ``flop_weighted`` only: the prefix length (tokens) at which the
+      quadratic attention cost of recomputing a prefix equals its linear cost (SSM, MLP, projections).
+      The default, 2^16, is close to Qwen3-Next-80B-A3B's (≈ 6 GFLOP per token linear, ≈ 0.2 MFLOP per
+      token pair over its 12 attention layers, half of the pairs causal: ≈ 61k tokens).
     """
 
     page_size: int = 1
@@ -86,6 +110,10 @@ class CacheConfig:
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
     model_supports_extra_buffer: bool = True
     disable_radix_cache: bool = False
+    # peers as policies (DESIGN.md §9); last, so positional construction keeps working
+    mamba_checkpoint_admission: CheckpointAdmission = "all"
+    mamba_flop_weight: float = DEFAULT_FLOP_WEIGHT
+    mamba_flop_crossover: int = DEFAULT_FLOP_CROSSOVER
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -100,6 +128,10 @@ class CacheConfig:
                 raise ConfigError(f"{_flag(f.name)} must be an integer, got {value!r}")
             if f.type in ("bool",) and not isinstance(value, bool):
                 raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
+            if f.type in ("float",) and (
+                not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            ):
+                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value!r}")
 
     def _check_ranges(self) -> None:
         if self.page_size < 1:
@@ -132,6 +164,20 @@ class CacheConfig:
                 f"--mamba-eviction-order must be one of {', '.join(EVICTION_ORDERS)}, "
                 f"got {self.mamba_eviction_order!r}"
             )
+        if self.mamba_flop_weight < 0:
+            raise ConfigError(
+                f"--mamba-flop-weight must be >= 0 (ticks per doubling of saved compute; 0 = plain LRU), "
+                f"got {self.mamba_flop_weight}"
+            )
+        if self.mamba_flop_crossover < 1:
+            raise ConfigError(
+                f"--mamba-flop-crossover must be >= 1 (tokens), got {self.mamba_flop_crossover}"
+            )
+        if self.mamba_checkpoint_admission not in CHECKPOINT_ADMISSIONS:
+            raise ConfigError(
+                f"--mamba-checkpoint-admission must be one of {', '.join(CHECKPOINT_ADMISSIONS)}, "
+                f"got {self.mamba_checkpoint_admission!r}"
+            )
         if self.mamba_lru_refresh not in LRU_REFRESH_MODES:
             raise ConfigError(
                 f"--mamba-lru-refresh must be one of {', '.join(LRU_REFRESH_MODES)}, "
@@ -150,6 +196,17 @@ class CacheConfig:
             raise ConfigError(
                 f"--mamba-radix-cache-strategy no_buffer needs --page-size 1 (got {self.page_size}); "
                 f"set --page-size 1{hint}"
+            )
+        if strategy == "no_buffer" and self.mamba_checkpoint_admission != "all":
+            hint = (
+                "set --mamba-radix-cache-strategy extra_buffer"
+                if self.model_supports_extra_buffer
+                else "the model has no extra-buffer support"
+            )
+            raise ConfigError(
+                f"--mamba-checkpoint-admission {self.mamba_checkpoint_admission} needs extra_buffer or "
+                f"extra_buffer_lazy (no_buffer copies the live state at every chunk end; the strategy in "
+                f"force is no_buffer); {hint}, or use --mamba-checkpoint-admission all"
             )
         if strategy in ("extra_buffer", "extra_buffer_lazy"):
             if not self.model_supports_extra_buffer:

@@ -15,6 +15,9 @@ strategy               slots per running request   checkpoints
 ``extra_buffer_lazy``  3 + 1                       as extra_buffer; the second ping-pong slot is
                                                    borrowed only at a decode boundary
 =====================  ==========================  ================================================
+
+Under extra_buffer(_lazy), ``mamba_checkpoint_admission="branch_and_end"`` (Marconi's admission) keeps
+only the prefill checkpoints at the branch point and at the input's end (:func:`prefill_track_len`).
 """
 
 from __future__ import annotations
@@ -42,29 +45,61 @@ def _check_len(value: object, what: str) -> int:
 
 
 def prefill_track_len(
-    config: CacheConfig, chunk_start: int, extend_len: int, branching_seqlen: int | None
+    config: CacheConfig,
+    chunk_start: int,
+    extend_len: int,
+    branching_seqlen: int | None,
+    *,
+    input_len: int | None = None,
 ) -> int | None:
     """The absolute sequence length at which a prefill chunk ``[chunk_start, chunk_start + extend_len)``
     checkpoints its state into the ping-pong track slot, or ``None`` for no checkpoint.
 
-    extra_buffer(_lazy): ``chunk_start + floor(extend_len / grid) * grid`` with
-    ``grid = config.mamba_checkpoint_grid`` (positions counted from the chunk's own start, as SGLang counts
-    them from the request's prefix start); the branch point instead when
-    ``chunk_start < branching_seqlen < chunk_start + extend_len`` and
-    ``(branching_seqlen - chunk_start) % grid == 0`` (so the next request sharing this prefix up to the
-    branch finds a checkpoint there); ``None`` when ``extend_len < grid`` (SGLang never tracks such a
-    short chunk, PR #30938). no_buffer: always ``None`` (it copies the live slot at chunk ends). O(1).
+    ``input_len`` is the request's prompt length (prefill runs to it). Only ``branch_and_end`` admission
+    needs it (it raises :class:`InvalidArgument` without it); with ``all`` it is only checked.
+
+    Every chunk shorter than the grid (``grid = config.mamba_checkpoint_grid``) gets ``None``: SGLang never
+    tracks such a chunk (PR #30938). Positions are counted on the grid from the chunk's own start, as
+    SGLang counts them from the request's prefix start. no_buffer: always ``None`` (it copies the live slot
+    at chunk ends, whatever the admission). Then, by ``config.mamba_checkpoint_admission``:
+
+    - ``all`` (SGLang's extra_buffer): every chunk checkpoints, at
+      ``chunk_start + floor(extend_len / grid) * grid``; at the branch point instead when
+      ``chunk_start < branching_seqlen < chunk_start + extend_len`` and
+      ``(branching_seqlen - chunk_start) % grid == 0`` (so the next request sharing this prefix up to
+      the branch finds a checkpoint there).
+    - ``branch_and_end`` (Marconi's admission, reference/anchors.md §1.1, in our terms): a prompt keeps
+      at most two prefill checkpoints, one at the branch point and one at its end; the per-chunk ones in
+      between are skipped. (1) The chunk holding the branch point (``chunk_start < branching_seqlen <=
+      chunk_start + extend_len``) checkpoints at the last grid position not past it,
+      ``chunk_start + floor((branching_seqlen - chunk_start) / grid) * grid``, when that is inside the
+      chunk (a checkpoint past the branch would sit in this request's own suffix, useless to the
+      siblings the branch point is for). (2) Otherwise the chunk holding the input's last aligned
+      position, i.e. the chunk after which fewer than ``grid`` prompt tokens remain
+      (``input_len - chunk_end < grid``: the last chunk, or the one before a tail too short to track),
+      checkpoints at its aligned end, as ``all`` does. A chunk holding both keeps the branch point, as
+      ``all`` does; the end state then comes from the decode checkpoints and the finish.
+
+    Decode checkpoints (:func:`is_decode_boundary`) are the same under both admissions. O(1).
     """
     _check_len(chunk_start, "chunk_start")
     _check_len(extend_len, "extend_len")
     if branching_seqlen is not None:
         _check_len(branching_seqlen, "branching_seqlen")
+    end = chunk_start + extend_len
+    if input_len is not None:
+        _check_len(input_len, "input_len")
+        if input_len < end:
+            raise InvalidArgument(
+                f"input_len={input_len} ends before the chunk [{chunk_start}, {end}); pass the prompt length"
+            )
     if not config.uses_extra_buffer:
         return None
     grid = config.mamba_checkpoint_grid
     if extend_len < grid:
         return None
-    end = chunk_start + extend_len
+    if config.mamba_checkpoint_admission == "branch_and_end":
+        return _branch_and_end_track_len(grid, chunk_start, end, branching_seqlen, input_len)
     if (
         branching_seqlen is not None
         and chunk_start < branching_seqlen < end
@@ -72,6 +107,23 @@ def prefill_track_len(
     ):
         return branching_seqlen
     return chunk_start + extend_len // grid * grid
+
+
+def _branch_and_end_track_len(
+    grid: int, chunk_start: int, end: int, branching_seqlen: int | None, input_len: int | None
+) -> int | None:
+    if input_len is None:
+        raise InvalidArgument(
+            "prefill_track_len needs input_len (the prompt length) under --mamba-checkpoint-admission "
+            "branch_and_end, to know whether a chunk holds the input's end; pass input_len="
+        )
+    if branching_seqlen is not None and chunk_start < branching_seqlen <= end:
+        at_branch = chunk_start + (branching_seqlen - chunk_start) // grid * grid
+        if at_branch > chunk_start:
+            return at_branch
+    if input_len - end < grid:
+        return chunk_start + (end - chunk_start) // grid * grid
+    return None
 
 
 def is_decode_boundary(config: CacheConfig, seq_len: int) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mamba_radix.errors import InvalidArgument
-from mamba_radix.eviction import EvictionIndex
+from mamba_radix.eviction import CheckpointOrder, EvictionIndex
 from mamba_radix.node import ROOT_ID, TreeNode, child_key, common_prefix_len
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,7 +112,7 @@ class RadixTree:
         self._next_id = ROOT_ID + 1
         self.root = TreeNode(ROOT_ID, (), _empty_kv(self.device), parent=None, depth=0, extra_key=None)
         self.root.full_lock_ref = 1  # the root is always locked, never evicted
-        self.index = EvictionIndex(config.mamba_eviction_order)
+        self.index = EvictionIndex(CheckpointOrder.from_config(config))
         self.full_evictable_size = 0
         self.full_protected_size = 0
         self.mamba_evictable_size = 0

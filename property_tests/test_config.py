@@ -33,9 +33,40 @@ CONFIG_ERRORS = [
     ),
     (
         {"mamba_eviction_order": "fifo"},
-        r"--mamba-eviction-order must be one of leaf_first, root_first, mixed",
+        r"--mamba-eviction-order must be one of leaf_first, root_first, mixed, flop_weighted, got 'fifo'",
     ),
     ({"mamba_lru_refresh": "all"}, r"--mamba-lru-refresh must be one of node, path, got 'all'"),
+    (
+        {"mamba_eviction_order": "marconi"},
+        r"--mamba-eviction-order must be one of leaf_first, root_first, mixed, flop_weighted, got 'marconi'",
+    ),
+    ({"mamba_flop_weight": -0.5}, r"--mamba-flop-weight must be >= 0 .*0 = plain LRU\), got -0.5"),
+    ({"mamba_flop_weight": "8"}, r"--mamba-flop-weight must be a finite number, got '8'"),
+    ({"mamba_flop_weight": float("nan")}, r"--mamba-flop-weight must be a finite number, got nan"),
+    ({"mamba_flop_weight": float("inf")}, r"--mamba-flop-weight must be a finite number, got inf"),
+    ({"mamba_flop_weight": True}, r"--mamba-flop-weight must be a finite number, got True"),
+    ({"mamba_flop_crossover": 0}, r"--mamba-flop-crossover must be >= 1 \(tokens\), got 0"),
+    ({"mamba_flop_crossover": 1.5}, r"--mamba-flop-crossover must be an integer, got 1.5"),
+    (
+        {"mamba_checkpoint_admission": "marconi"},
+        r"--mamba-checkpoint-admission must be one of all, branch_and_end, got 'marconi'",
+    ),
+    (
+        {"mamba_checkpoint_admission": "branch_and_end", "mamba_radix_cache_strategy": "no_buffer"},
+        r"--mamba-checkpoint-admission branch_and_end needs extra_buffer or extra_buffer_lazy .*; "
+        r"set --mamba-radix-cache-strategy extra_buffer, or use --mamba-checkpoint-admission all",
+    ),
+    (
+        # auto resolves to no_buffer without overlap
+        {"mamba_checkpoint_admission": "branch_and_end", "disable_overlap_schedule": True},
+        r"branch_and_end needs extra_buffer .*the strategy in force is no_buffer\); set "
+        r"--mamba-radix-cache-strategy extra_buffer",
+    ),
+    (
+        {"mamba_checkpoint_admission": "branch_and_end", "model_supports_extra_buffer": False},
+        r"branch_and_end needs extra_buffer .*; the model has no extra-buffer support, or use "
+        r"--mamba-checkpoint-admission all",
+    ),
     ({"disaggregation_mode": "both"}, r"--disaggregation-mode must be null, prefill or decode, got 'both'"),
     (
         {"mamba_radix_cache_strategy": "no_buffer", "page_size": 16},
@@ -82,6 +113,21 @@ CONFIG_ERRORS = [
 def test_config_error_names_flag_value_and_fix(fields: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         CacheConfig(**fields)
+
+
+def test_peer_policy_fields_accept_valid_values() -> None:
+    config = CacheConfig(
+        mamba_radix_cache_strategy="extra_buffer_lazy",
+        mamba_checkpoint_admission="branch_and_end",
+        mamba_eviction_order="flop_weighted",
+        mamba_flop_weight=0,  # an int is a number too
+        mamba_flop_crossover=1,
+    )
+    assert (config.mamba_flop_weight, config.mamba_flop_crossover) == (0, 1)
+    defaults = CacheConfig()
+    assert defaults.mamba_checkpoint_admission == "all" and defaults.mamba_eviction_order == "leaf_first"
+    # no_buffer with the default admission stays valid (the admission only constrains extra_buffer)
+    assert CacheConfig(mamba_radix_cache_strategy="no_buffer").mamba_checkpoint_admission == "all"
 
 
 def test_replace_validates_and_config_is_frozen() -> None:

@@ -1,13 +1,23 @@
-"""Exact victim sequences: full-KV LRU leaves, checkpoint orders leaf_first / root_first / mixed, refresh
-node vs path, and SGLang's scenarios (four inserts; refresh only the used node) at the tree level."""
+"""Exact victim sequences: full-KV LRU leaves, checkpoint orders leaf_first / root_first / mixed /
+flop_weighted, refresh node vs path, and SGLang's scenarios (four inserts; refresh only the used node) at
+the tree level."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mamba_radix import CacheConfig, RadixKey
-from mamba_radix.eviction import is_full_candidate, is_mamba_candidate
+from mamba_radix import CacheConfig, ConfigError, RadixKey
+from mamba_radix.eviction import (
+    FLOP_SCORE_SCALE,
+    CheckpointOrder,
+    EvictionIndex,
+    flop_score,
+    is_full_candidate,
+    is_mamba_candidate,
+    mamba_evict_key,
+    saved_compute,
+)
 from mamba_radix.invariants import check_tree_invariants
 from mamba_radix.node import TreeNode
 from mamba_radix.tree import RadixTree
@@ -76,9 +86,15 @@ def test_path_refresh_ties_follow_order(order: str, expected: list[int]) -> None
 
 # A running request is locked on C; a later hit re-stamps A, B, C (path refresh) so they are the newest.
 # mixed takes the request's superseded checkpoints A, B first (shallowest first), then LRU leaf-first.
+# flop_weighted (weight 32, crossover 2^16): A 7+32*2, B 7+32*3, E 5+32*2, F 5+32*3, D 6+32*2 ticks.
 @pytest.mark.parametrize(
     ("order", "expected"),
-    [("leaf_first", [5, 4, 6, 2, 1]), ("root_first", [4, 5, 6, 1, 2]), ("mixed", [1, 2, 5, 4, 6])],
+    [
+        ("leaf_first", [5, 4, 6, 2, 1]),
+        ("root_first", [4, 5, 6, 1, 2]),
+        ("mixed", [1, 2, 5, 4, 6]),
+        ("flop_weighted", [4, 6, 1, 5, 2]),
+    ],
 )
 def test_victims_with_a_running_request(order: str, expected: list[int]) -> None:
     tree = make_tree(order, "path")
@@ -185,3 +201,88 @@ def test_candidate_predicates() -> None:
     assert is_mamba_candidate(leaf) and not is_full_candidate(leaf)
     leaf.mamba_lock_ref = 1
     assert not is_mamba_candidate(leaf)
+
+
+# ------------------------------------------------------------------------------------------ flop_weighted
+# build_forest with node refresh stamps A..D 1..6; depths A 4, B 8, C 12, E 4, F 8, D 4.
+# score = stamp + weight * log2(depth * (1 + depth / crossover)), lowest first; equal scores: deepest first.
+@pytest.mark.parametrize(
+    ("weight", "crossover", "expected"),
+    [
+        # plain LRU
+        (0.0, 65536, [1, 2, 3, 4, 5, 6]),
+        # A 1+4, B 2+6, C 3+7.17, E 4+4, F 5+6, D 6+4: B and E tie at 8, B is deeper
+        (2.0, 65536, [1, 2, 4, 6, 3, 5]),
+        # crossover 4: F(L) = L(1 + L/4): A 1+6.0, E 4+6.0, B 2+9.17, D 6+6.0, C 3+11.2, F 5+9.17
+        (2.0, 4, [1, 4, 2, 6, 3, 5]),
+        # compute dominates: by depth, then by age
+        (8.0, 65536, [1, 4, 6, 2, 5, 3]),
+    ],
+)
+def test_flop_weighted_victims(weight: float, crossover: int, expected: list[int]) -> None:
+    tree = make_tree("flop_weighted", "node", mamba_flop_weight=weight, mamba_flop_crossover=crossover)
+    build_forest(tree)
+    assert state_victims(tree) == expected
+
+
+@pytest.mark.parametrize("refresh", ["node", "path"])
+def test_flop_weighted_with_weight_zero_is_leaf_first_lru(refresh: str) -> None:
+    lru = make_tree("leaf_first", refresh)
+    build_forest(lru)
+    flop = make_tree("flop_weighted", refresh, mamba_flop_weight=0.0)
+    build_forest(flop)
+    assert state_victims(flop) == state_victims(lru)
+
+
+def test_flop_weighted_trades_doublings_for_ticks() -> None:
+    # One 48-token prefix (stamp 1) and a stream of 2-token ones (stamps 2..13), weight 2: the long one
+    # saves 24x the compute, log2(24) = 4.58 doublings, worth 9.17 ticks. It outlives the short ones
+    # stamped up to 10 (scores k + 2 <= 12 < 12.17), then goes before those stamped 11..13.
+    tree = make_tree("flop_weighted", "node", mamba_flop_weight=2.0)
+    insert = Inserter(tree)
+    insert(list(range(100, 148)), 1)
+    for k in range(2, 14):
+        insert([k, k], k)
+    assert state_victims(tree) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 11, 12, 13]
+    lru = make_tree("leaf_first", "node")
+    insert = Inserter(lru)
+    insert(list(range(100, 148)), 1)
+    for k in range(2, 14):
+        insert([k, k], k)
+    assert state_victims(lru) == list(range(1, 14))
+
+
+def test_flop_weighted_refresh_moves_only_the_consumed_checkpoint() -> None:
+    tree = make_tree("flop_weighted", "node", mamba_flop_weight=2.0)
+    build_forest(tree)
+    # A is re-stamped 7: score 7 + 2 * 2 = 11, tied with F (5 + 2 * 3), which is deeper and goes first;
+    # B and E tie at 8 (B deeper), then D 10, C 10.17. Nothing else moved.
+    tree.match(RadixKey(A))
+    assert state_victims(tree) == [2, 4, 6, 3, 5, 1]
+
+
+def test_flop_score_values() -> None:
+    assert saved_compute(8, 8) == 16.0  # 8 tokens of linear work plus as much again in attention
+    assert flop_score(3, 8, 2.0, 8) == (3 + 2 * 4) * FLOP_SCORE_SCALE  # 3 + 2 * log2(16) ticks
+    assert flop_score(3, 8, 0.0, 8) == 3 * FLOP_SCORE_SCALE
+    assert flop_score(0, 1, 1.0, 65536) == 0  # log2(1 + 1/65536) * 1024 rounds to 0
+    # the key depends on the node's own stamp and depth only: static between two updates
+    node = TreeNode(7, (1, 2), torch.arange(2), parent=None, depth=8, extra_key=None, mamba_slot=3)
+    node.mamba_last_access = 3
+    order = CheckpointOrder("flop_weighted", 2.0, 8)
+    assert mamba_evict_key(order, node) == (0, 11 * FLOP_SCORE_SCALE, -8, 7)
+    assert EvictionIndex("flop_weighted", flop_weight=2.0, flop_crossover=8).order == order
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("fifo",), r"--mamba-eviction-order must be one of leaf_first, root_first, mixed, flop_weighted"),
+        (("flop_weighted", -1.0), r"--mamba-flop-weight must be a finite number >= 0, got -1.0"),
+        (("flop_weighted", float("inf")), r"--mamba-flop-weight must be a finite number >= 0"),
+        (("flop_weighted", 1.0, 0), r"--mamba-flop-crossover must be an integer >= 1, got 0"),
+    ],
+)
+def test_checkpoint_order_validates(args: tuple, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        CheckpointOrder(*args)

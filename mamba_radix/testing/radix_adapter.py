@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
 
 from mamba_radix.cache import MambaRadixCache
-from mamba_radix.config import CacheConfig
+from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, CacheConfig
 from mamba_radix.node import TreeNode
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
 from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
@@ -46,10 +47,22 @@ from mamba_radix.testing.checks import SuiteViolation, expected_stamp
 from mamba_radix.testing.faults import CapacityHold, FailNextAllocs
 from mamba_radix.tree import RadixKey
 
-__all__ = ["MambaRadixAdapter", "radix_params"]
+__all__ = ["MambaRadixAdapter", "RadixSuiteParams", "radix_params"]
 
 MAX_CONTEXT = 64  # request rows are this wide: inputs (<= 20) plus outputs (<= 12 per decode plan)
 _NO_SLOT = -1
+
+
+@dataclass(frozen=True)
+class RadixSuiteParams(SuiteParams):
+    """:class:`SuiteParams` plus the knobs only this cache has (the peers' policies, DESIGN.md §9):
+    ``checkpoint_admission`` (``mamba_checkpoint_admission``), ``flop_weight`` and ``flop_crossover``
+    (``mamba_flop_weight`` / ``mamba_flop_crossover``, used by ``eviction_order="flop_weighted"``).
+    A plain :class:`SuiteParams` runs with the defaults."""
+
+    checkpoint_admission: str = "all"
+    flop_weight: float = DEFAULT_FLOP_WEIGHT
+    flop_crossover: int = DEFAULT_FLOP_CROSSOVER
 
 
 @st.composite
@@ -59,7 +72,9 @@ def radix_params(
     page_sizes: Sequence[int] = (1, 2, 4),
 ) -> SuiteParams:
     """Valid, tiny configurations of :class:`MambaRadixCache` (rules of ``CacheConfig``: no_buffer needs
-    page size 1 and runs without overlap; lazy needs overlap; the track interval is a page multiple)."""
+    page size 1 and runs without overlap; lazy needs overlap; the track interval is a page multiple;
+    branch-and-end admission needs extra_buffer). The FLOP crossover is drawn down to a few tokens so
+    the quadratic term matters for these short sequences."""
     strategy = draw(st.sampled_from(list(strategies)))
     page = 1 if strategy == "no_buffer" else draw(st.sampled_from(list(page_sizes)))
     overlap = {"no_buffer": False, "extra_buffer_lazy": True}.get(strategy)
@@ -69,11 +84,11 @@ def radix_params(
         page_size=page, mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap
     ).slots_per_request
     kv_tokens = draw(st.integers(12, 64))
-    return SuiteParams(
+    return RadixSuiteParams(
         page_size=page,
         strategy=strategy,
         overlap=overlap,
-        eviction_order=draw(st.sampled_from(["leaf_first", "root_first", "mixed"])),
+        eviction_order=draw(st.sampled_from(["leaf_first", "root_first", "mixed", "flop_weighted"])),
         lru_refresh=draw(st.sampled_from(["node", "path"])),
         max_states_per_path=draw(st.sampled_from([-1, -1, 1, 2, 3])),
         kv_pages=max(kv_tokens // page, 2),
@@ -83,6 +98,12 @@ def radix_params(
         # a page multiple when paged: chunks then start on page boundaries, so checkpoints land on pages
         prefill_chunk=draw(st.sampled_from([2, 3, 4, 6, 8])) if page == 1 else page * draw(st.integers(1, 3)),
         track_interval=page * draw(st.integers(1, 3)),
+        # drawn last, so the draws above keep their meaning in saved examples
+        checkpoint_admission="all"
+        if strategy == "no_buffer"
+        else draw(st.sampled_from(["all", "branch_and_end"])),
+        flop_weight=draw(st.sampled_from([0.0, 0.5, 2.0, DEFAULT_FLOP_WEIGHT])),
+        flop_crossover=draw(st.sampled_from([1, 4, DEFAULT_FLOP_CROSSOVER])),
     )
 
 
@@ -103,6 +124,9 @@ class MambaRadixAdapter:
             mamba_eviction_order=params.eviction_order,  # type: ignore[arg-type]
             mamba_lru_refresh=params.lru_refresh,  # type: ignore[arg-type]
             chunked_prefill_size=params.prefill_chunk,
+            mamba_checkpoint_admission=getattr(params, "checkpoint_admission", "all"),  # type: ignore[arg-type]
+            mamba_flop_weight=getattr(params, "flop_weight", DEFAULT_FLOP_WEIGHT),
+            mamba_flop_crossover=getattr(params, "flop_crossover", DEFAULT_FLOP_CROSSOVER),
         )
         page = params.page_size
         # Two conv tensors and a temporal one, each >= 16 bytes per layer row: a copy that skips a tensor
@@ -300,7 +324,9 @@ class MambaRadixAdapter:
         self._check_live(req)
         self._stamp(req.mamba_pool_idx, req.token_ids(start + n))
         if self.config.uses_extra_buffer:
-            track = prefill_track_len(self.config, start, n, req.mamba_branching_seqlen)
+            track = prefill_track_len(
+                self.config, start, n, req.mamba_branching_seqlen, input_len=len(req.origin_input_ids)
+            )
             if track is not None:
                 self._track(req, track)
         req.kv_len = start + n

@@ -1,0 +1,184 @@
+"""Peers as policies (DESIGN.md §9): other systems' prefix-cache policies, expressed in our knobs.
+
+Each preset is a function of the current :class:`~mamba_radix.config.CacheConfig` that returns the
+fields to change (``{field: value}``); :func:`apply_peer` applies them and validates the result, so a
+peer runs through the very same cache, pools and simulator as everything else and only the policy
+differs. The ideas come from ``reference/anchors.md`` (Marconi §1, vLLM §2) and
+``reference/sglang-semantics.md`` (§4.5-4.6, §7.1); the code is ours (Marconi's is CC BY-NC: ideas
+only). Every description says what is *not* equivalent to the real system.
+
+A preset sets only policy fields, plus what the policy cannot run without (``vllm-align`` sets the page
+grid; ``vllm-align`` and ``marconi`` switch no_buffer to extra_buffer, which they need); memory budget,
+model, chunked-prefill size (except for rounding it to whole blocks) and overlap stay the caller's. The
+fields a peer sets win over the caller's: apply it after the flags.
+
+Use::
+
+    config = apply_peer(CacheConfig(...), "marconi")     # ConfigError for an unknown name
+    changes = peer_changes(config, "vllm-align")          # the dict alone, e.g. to record in results
+    sorted(PEERS)                                         # names, for a --peer choices list
+    PEERS["marconi"].description                          # one paragraph, for --help or a report
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mamba_radix.config import CacheConfig
+from mamba_radix.errors import ConfigError
+
+__all__ = ["PEERS", "Peer", "apply_peer", "peer_changes"]
+
+Changes = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A named policy preset: ``changes(config)`` gives the fields to set; ``description`` says what it
+    models and what it does not."""
+
+    name: str
+    description: str
+    changes: Callable[[CacheConfig], Changes]
+
+
+def _extra_buffer_if_needed(config: CacheConfig) -> Changes:
+    """The policies below need tracked checkpoints: turn no_buffer (asked, or what auto resolved to) into
+    extra_buffer; leave extra_buffer and extra_buffer_lazy alone."""
+    return {"mamba_radix_cache_strategy": "extra_buffer"} if config.strategy == "no_buffer" else {}
+
+
+def sglang(config: CacheConfig) -> Changes:
+    """SGLang today (after PR #31643/#31648): a hit refreshes only the checkpoint it consumes, victims in
+    LRU order with leaf-first ties, one checkpoint per prefill chunk (and the branch point)."""
+    return {
+        "mamba_lru_refresh": "node",
+        "mamba_eviction_order": "leaf_first",
+        "mamba_checkpoint_admission": "all",
+    }
+
+
+def sglang_legacy(config: CacheConfig) -> Changes:
+    """SGLang before PR #31643: a hit (and an insert walk) refreshes every checkpoint of the path, which
+    makes ancestors older than their descendants, so eviction is root-first within a path."""
+    return {
+        "mamba_lru_refresh": "path",
+        "mamba_eviction_order": "root_first",
+        "mamba_checkpoint_admission": "all",
+    }
+
+
+def vllm_align(config: CacheConfig) -> Changes:
+    """vLLM's ``--mamba-cache-mode align``: block-aligned states, one block = one page = one grid step.
+
+    The block size is the config's checkpoint grid, ``lcm(mamba_cache_chunk_size, page_size)`` (set
+    ``--mamba-cache-chunk-size`` to choose it). Decode checkpoints every block, prefill chunks rounded
+    down to whole blocks (as vLLM schedules align-mode prefill), LRU with tail-first ties (vLLM frees a
+    chain's blocks in reverse order), only the hit block's state refreshed (earlier Mamba blocks are null).
+    """
+    block = config.mamba_checkpoint_grid
+    changes: Changes = {
+        "page_size": block,
+        "mamba_cache_chunk_size": block,
+        "mamba_track_interval": block,
+        "mamba_lru_refresh": "node",
+        "mamba_eviction_order": "leaf_first",
+        "mamba_checkpoint_admission": "all",
+    }
+    if config.chunked_prefill_size > 0:
+        changes["chunked_prefill_size"] = max(block, config.chunked_prefill_size // block * block)
+    changes.update(_extra_buffer_if_needed(config))  # pages > 1 need it anyway
+    return changes
+
+
+def marconi(config: CacheConfig) -> Changes:
+    """Marconi (MLSys'25): branch-and-end admission and FLOP-aware eviction, node refresh (its V2)."""
+    return {
+        **_extra_buffer_if_needed(config),
+        "mamba_checkpoint_admission": "branch_and_end",
+        "mamba_eviction_order": "flop_weighted",
+        "mamba_lru_refresh": "node",
+    }
+
+
+PEERS: dict[str, Peer] = {
+    peer.name: peer
+    for peer in (
+        Peer(
+            "sglang",
+            "SGLang's MambaRadixCache as of PR #31643/#31648 (2026-07): on a hit only the consumed "
+            "checkpoint is refreshed and an insert walk does not re-stamp existing ones; victims in LRU "
+            "order (ties, which only a shared stamp makes, go deepest first); under extra_buffer one "
+            "checkpoint per prefill chunk at its last aligned position, or the branch point. These are "
+            "our defaults. Not equivalent: SGLang's LRU lists are strict orders where we break equal "
+            "stamps by depth.",
+            sglang,
+        ),
+        Peer(
+            "sglang-legacy",
+            "SGLang before PR #31643: every match and insert walk re-stamps all checkpoints of its path, "
+            "ancestors ending up older than descendants, so checkpoint eviction goes root-first within a "
+            "path (test_mamba_radix_cache_1 tombstones the shallow node first). We stamp the whole path "
+            "with one tick and break the tie shallowest first, which gives the same order within a path "
+            "and the same LRU order across paths. Admission as today (every chunk).",
+            sglang_legacy,
+        ),
+        Peer(
+            "vllm-align",
+            "vLLM's --mamba-cache-mode align (PR #30877) with its shared-prefix admission (#37898): "
+            "states only on block boundaries, one block = one KV page = one checkpoint grid step (the "
+            "block size is the config's grid, lcm(mamba_cache_chunk_size, page_size)), decode "
+            "checkpoints every block, prefill chunks in whole blocks, LRU with tail-first ties, only the "
+            "hit block refreshed. Not equivalent: vLLM sizes the attention block so one KV page holds as "
+            "many bytes as a state page (hundreds to thousands of tokens) and serves KV and states from "
+            "one pool and one LRU free queue, evicting any unreferenced block (a chain's tail first), "
+            "where we keep two pools, evict KV leaf-first and states by their own order; vLLM reserves "
+            "1 + speculative blocks for the running state where we reserve our strategy's slots; our "
+            "branch point is always on (vLLM before #37898 had none); and the simulator must cut "
+            "shared-budget prefill chunks to whole blocks for positions to stay on the block grid.",
+            vllm_align,
+        ),
+        Peer(
+            "marconi",
+            "Marconi (Pan et al., MLSys'25), ideas only (its code is CC BY-NC): at most two prefill "
+            "checkpoints per prompt, at the branch point and at the input's end "
+            "(mamba_checkpoint_admission=branch_and_end), and FLOP-aware eviction that keeps the "
+            "checkpoints saving the most compute per byte (mamba_eviction_order=flop_weighted), a hit "
+            "refreshing only the consumed checkpoint. Not equivalent: Marconi renormalises recency and "
+            "FLOP efficiency over the live candidates at every eviction (O(n)) with a weight tuned "
+            "online by replaying a bootstrap window, where ours is a static O(log n) key with a fixed "
+            "exchange rate (mamba_flop_weight, to sweep offline); Marconi checkpoints the exact split "
+            "position and the last decoded token, ours the grid position at or before the branch, the "
+            "input's last aligned position and the decode interval; Marconi evicts KV by the same "
+            "utility and merges a single-child node into its child, ours evicts KV leaf-first LRU and "
+            "tombstones.",
+            marconi,
+        ),
+    )
+}
+
+
+def _lookup(name: str) -> Peer:
+    peer = PEERS.get(name)
+    if peer is None:
+        raise ConfigError(f"--peer must be one of {', '.join(PEERS)}, got {name!r}")
+    return peer
+
+
+def peer_changes(config: CacheConfig, name: str) -> Changes:
+    """The fields peer ``name`` sets, given ``config`` (the preset's full choice, including fields that
+    already have that value: record it beside a run's results). Raises :class:`ConfigError` for an
+    unknown name, listing the known ones."""
+    return _lookup(name).changes(config)
+
+
+def apply_peer(config: CacheConfig, name: str) -> CacheConfig:
+    """``config`` with peer ``name``'s policy applied and validated. Raises :class:`ConfigError` for an
+    unknown name (listing the known ones) or when the result is invalid (naming the peer). O(1)."""
+    changes = peer_changes(config, name)
+    try:
+        return config.replace(**changes)
+    except ConfigError as err:
+        raise ConfigError(f"--peer {name}: {err}") from err
