@@ -1,6 +1,7 @@
 """Simulator throughput: requests/s and tokens/s replaying the Mooncake conversation trace in sequential mode.
 
-Usage: ``.venv/bin/python benchmarks/bench_sim.py [--limit N] [--strategies a,b] [--no-verify-states]``.
+Usage: ``.venv/bin/python benchmarks/bench_sim.py [--limit N] [--strategies a,b] [--no-verify-states]
+[--mode timed]``.
 Prints one line per strategy: wall time, requests/s, input tokens/s, (input + output) tokens/s, and the
 hit rate (so that a speed-up that changed the result is visible). Single process, one torch thread.
 Not collected by pytest; no assertions.
@@ -31,18 +32,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default="no_buffer,extra_buffer,extra_buffer_lazy")
     parser.add_argument("--mamba-full-memory-ratio", type=float, default=0.5)
     parser.add_argument("--no-verify-states", action="store_true", help="skip the state-stamp checks")
+    parser.add_argument("--mode", choices=["sequential", "timed"], default="sequential")
+    parser.add_argument("--arrival-time-scale", type=float, default=2.0, help="timed mode only (default 2)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     limit = args.limit or None
     summary = scan_trace(args.trace, limit=limit)
     print(
         f"trace {Path(args.trace).name}: {summary.num_requests:,} requests, {summary.input_tokens:,} input + "
-        f"{summary.output_tokens:,} output tokens; sequential mode; verify_states={not args.no_verify_states}"
+        f"{summary.output_tokens:,} output tokens; {args.mode} mode; verify_states={not args.no_verify_states}"
     )
     for strategy in args.strategies.split(","):
         config = CacheConfig(mamba_radix_cache_strategy=strategy)
         pools = pools_for_budget(config, mamba_full_memory_ratio=args.mamba_full_memory_ratio)
-        options = EngineOptions(mode="sequential", verify_states=not args.no_verify_states)
+        options = EngineOptions(
+            mode=args.mode,
+            arrival_time_scale=args.arrival_time_scale,
+            verify_states=not args.no_verify_states,
+        )
         start = time.perf_counter()
         engine = Engine(config, pools, summary.max_seq_len, options)
         metrics = engine.run(iter_trace(args.trace, limit=limit), total=summary.num_requests)

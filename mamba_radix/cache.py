@@ -41,7 +41,7 @@ from mamba_radix.pools import (
 from mamba_radix.request import Req
 from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert
 
-__all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult"]
+__all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
 
 
 class MatchResult(NamedTuple):
@@ -52,6 +52,17 @@ class MatchResult(NamedTuple):
     mamba_slot: int | None  # that node's checkpoint slot (None at the root)
     full_kv_hit_len: int  # KV matched, possibly deeper than the usable hit
     mamba_branching_seqlen: int | None  # full_kv_hit_len rounded down to the grid, if deeper than the hit
+
+
+class PrefixPeek(NamedTuple):
+    """What :meth:`MambaRadixCache.peek_prefix` found (read-only: nothing was split, stamped or counted)."""
+
+    hit_len: int  # the usable hit match_prefix would return now (tokens up to last_node's end)
+    full_kv_hit_len: int  # KV matched, possibly deeper than the usable hit
+    last_node: TreeNode  # deepest node with a checkpoint on the matched path (root if none)
+    unlocked_tokens: int  # KV tokens of [0, hit_len) that no lock holds: locking last_node takes them
+    #                       out of full_evictable_size()
+    unlocked_checkpoint: bool  # locking last_node takes its checkpoint out of mamba_evictable_size()
 
 
 class InsertResult(NamedTuple):
@@ -223,6 +234,36 @@ class MambaRadixCache:
             req.cache_protected_len = len(result.device_indices)
             req.mamba_branching_seqlen = result.mamba_branching_seqlen
         return result
+
+    def peek_prefix(self, key: RadixKey | Sequence[int]) -> PrefixPeek:
+        """What :meth:`match_prefix` would find for ``key`` now, without any of its side effects.
+
+        For a scheduler's admission check (does the request fit, given its hit?) before it commits to
+        the real match: nothing is split, the clock does not tick, no recency is refreshed and
+        :attr:`stats` is not counted, so a probe that is followed by a refusal leaves no trace in the
+        eviction order. The hit length equals the one the next ``match_prefix(key)`` returns (a split only
+        adds a tombstone parent, which never holds the hit), unless its copy-on-write finds no slot and
+        drops the hit. O(L + path).
+        """
+        radix_key = self._as_key(key, None)
+        root = self.tree.root
+        if self.config.disable_radix_cache:
+            return PrefixPeek(0, 0, root, 0, False)
+        tokens = radix_key.token_ids
+        page = self.config.page_size
+        if page > 1 and len(tokens) % page:
+            tokens = tokens[: len(tokens) - len(tokens) % page]
+        path, pos, partial = self.tree._walk(tokens, radix_key.extra_key)  # read-only walk
+        if partial:
+            path = path[:-1]  # the edge matched only in part holds no usable state at the match's end
+        best_idx = len(path) - 1
+        while best_idx >= 0 and path[best_idx].mamba_slot is None:
+            best_idx -= 1
+        if best_idx < 0:
+            return PrefixPeek(0, pos + partial, root, 0, False)
+        best = path[best_idx]
+        unlocked = sum(len(node.key) for node in path[: best_idx + 1] if node.full_lock_ref == 0)
+        return PrefixPeek(best.depth, pos + partial, best, unlocked, best.mamba_lock_ref == 0)
 
     def _branching(self, full_kv_hit_len: int, hit_len: int) -> int | None:
         grid = self.config.mamba_checkpoint_grid

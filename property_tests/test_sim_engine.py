@@ -3,6 +3,7 @@ stamp check, timed mode, admission limits, determinism, and hit rate never above
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -282,3 +283,91 @@ def test_expand_definition_dedups_and_validates() -> None:
         expand_definition({"trace": "t", "groups": [{"vary": {"bogus": [1]}}]})
     with pytest.raises(ConfigError, match="--mamba-radix-cache-strategy"):
         expand_definition({"trace": "t", "groups": [{"vary": {"mamba_radix_cache_strategy": ["fast"]}}]})
+
+
+# --------------------------------------------------------------------------------- admission probe
+def _tree_state(cache: Any) -> tuple[Any, ...]:
+    tree = cache.tree
+    return (tree.clock, tree.num_nodes, asdict(cache.stats), tree.index.full_keys(), tree.index.mamba_keys(),
+            cache.full_evictable_size(), cache.mamba_evictable_size())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "key", [P + X[:-1], P + Y + [5], P[:7], P[:12], X, P + Z, []], ids=lambda k: f"{len(k)}tok"
+)
+def test_peek_prefix_changes_nothing_and_predicts_the_match(key: list[int]) -> None:
+    engine, _ = run(
+        [req(0, P + X, [901, 902]), req(1, P + Y, [911])], mamba_radix_cache_strategy="extra_buffer"
+    )
+    cache = engine.cache
+    # a "running request" holds P + X: the shared prefix P is locked, Y's branch is not
+    held = cache.match_prefix(P + X[:-1]).last_node
+    cache.inc_lock_ref(held)
+    before = _tree_state(cache)
+    peek = cache.peek_prefix(key)
+    assert _tree_state(cache) == before  # no tick, split, refresh, count or reordering
+    match = cache.match_prefix(key)
+    assert (peek.hit_len, peek.full_kv_hit_len, peek.last_node) == (
+        match.device_indices.numel(),
+        match.full_kv_hit_len,
+        match.last_node,
+    )
+    # what locking the hit takes out of the evictable sizes is what the peek said
+    full, states = cache.full_evictable_size(), cache.mamba_evictable_size()
+    cache.inc_lock_ref(match.last_node)
+    assert full - cache.full_evictable_size() == peek.unlocked_tokens
+    assert states - cache.mamba_evictable_size() == int(peek.unlocked_checkpoint)
+    cache.dec_lock_ref(match.last_node)
+
+
+def test_admission_matches_once_per_admitted_request() -> None:
+    """Refused admission attempts only peek: the cache counts one match per admitted request."""
+    reqs = [req(i, [1000 * i + j for j in range(40)], list(range(50)), ts=0.0) for i in range(4)]
+    engine, metrics = run(
+        reqs, pool=pools(kv_tokens=100), mode="timed", mamba_radix_cache_strategy="extra_buffer"
+    )
+    assert metrics.blocked["kv_tokens"] >= 3  # requests really were refused and retried
+    assert engine.cache.stats.matches == metrics.requests == 4
+
+
+def test_a_sweep_uses_the_same_ideal_as_the_engine(tmp_path: Any) -> None:
+    """run_one passes the memoised per-trace ideal; it equals what the engine computes on its own."""
+    from mamba_radix.sim.sweep import trace_facts
+    from mamba_radix.sim.traces import iter_trace, write_token_trace
+
+    reqs = GENERATORS["chat"](
+        seed=3, num_sessions=2, turns=3, system_prompt_len=60, user_len=20, output_len=10
+    )
+    path = tmp_path / "chat.jsonl"
+    write_token_trace(reqs, path)
+    spec = RunSpec(run_id="x", trace=str(path), config=SMALL | {"mamba_radix_cache_strategy": "extra_buffer"},
+                   options={"mode": "sequential"}, budget_gib=2.0, max_mamba_cache_size=40)  # fmt: skip
+    rec = run_one(spec)
+    engine = Engine(CacheConfig(**spec.config), pools(), 1000, EngineOptions(mode="sequential"))
+    alone = engine.run(iter_trace(path)).summary()
+    assert rec["metrics"]["ideal_hit_tokens"] == alone["ideal_hit_tokens"] > 0
+    assert trace_facts(str(path))[1] is trace_facts(str(path))[1]  # computed once per process
+
+
+@pytest.mark.parametrize("short_of", ["kv_tokens", "state_slots"])
+def test_a_refused_admission_leaves_no_trace(short_of: str) -> None:
+    """A request that does not fit is refused before anything changes: no tick, split, refresh, count,
+    copy-on-write or eviction (an eviction for slots it could not use would cost later hits)."""
+    config = CacheConfig(**SMALL, mamba_radix_cache_strategy="extra_buffer")
+    engine = Engine(config, pools(kv_tokens=60), 200, EngineOptions(mode="sequential"))
+    engine.run([req(0, P + X, [901, 902])])
+    cache = engine.cache
+    if short_of == "state_slots":
+        # every checkpoint locked, and slots held elsewhere (as running requests hold theirs) so that
+        # fewer are free than admission takes
+        for node in list(cache.tree.nodes()):
+            if node.mamba_slot is not None:
+                cache.inc_lock_ref(node)
+        engine.mamba_pool.alloc(engine.mamba_pool.available_size() - engine.admission_slots + 1)
+        assert cache.mamba_evictable_size() == 0
+        newcomer = req(1, P + Y, [911])
+    else:  # the shared prefix hits, but the rest does not fit in free + evictable KV
+        newcomer = req(1, P + list(range(500, 560)), [911])
+    before = _tree_state(cache), engine.mamba_pool.available_size(), engine.kv_pool.available_size()
+    assert engine._try_admit(newcomer, 0.0) == short_of
+    assert (_tree_state(cache), engine.mamba_pool.available_size(), engine.kv_pool.available_size()) == before

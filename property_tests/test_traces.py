@@ -16,6 +16,7 @@ from mamba_radix.sim.traces import (
     TraceRequest,
     detect_format,
     expand_blocks,
+    expand_blocks_array,
     iter_block_trace,
     iter_token_trace,
     iter_trace,
@@ -202,3 +203,15 @@ def test_token_ideal_is_the_longest_previous_prefix() -> None:
         [([1, 2, 3, 4], [9, 8]), ([1, 2, 5], [7]), ([1, 2, 3, 4, 9, 8, 6], [1]), ([7], [1])]
     )]  # fmt: skip
     assert [ideal.observe(r) for r in seq] == [0, 2, 5, 0]  # output 9 is cached, its last token 8 is not
+
+
+def test_token_arrays_equal_the_token_lists(tmp_path: Path) -> None:
+    """The engine builds its fingerprints from the arrays and the cache's keys from the lists: the two
+    must be the same tokens, in both formats."""
+    block = _write(tmp_path, [_block(0, 5, 3, [7, 8]), _block(1, 4, 0, [9])], "b.jsonl")
+    token = _write(tmp_path, [{"timestamp": 0, "input_ids": [3, 1, 2], "output_ids": [9]}], "t.jsonl")
+    for req in [*iter_block_trace(block, block_size=4), *iter_token_trace(token)]:
+        assert req.input_array().tolist() == req.input_ids
+        assert req.output_array().tolist() == req.output_ids
+        assert req.input_array().dtype.name == req.output_array().dtype.name == "int64"
+    assert expand_blocks_array([7, 8], 5, 4).tolist() == expand_blocks([7, 8], 5, 4)

@@ -4,24 +4,29 @@ with SGLang's scheduler rules (``docs/architecture.md`` "Engine protocol"; ``ref
 
 Per request:
 
-1. admission (FCFS): a plain ``match_prefix(input[:-1])`` first, to check that the KV tokens fit (free +
-   evictable must cover what this and every admitted request will still allocate, so a running request
-   never runs out); then ``match_prefix(input[:-1], cow_mamba=True, req=req)``; ``req.last_node`` is locked
-   *before* ``HybridReqToTokenPool.alloc`` (which runs after evicting checkpoints if slots are short), so the
-   eviction that makes room cannot take the matched checkpoint; running requests are capped at
-   ``slots // slots_per_request`` (and ``max_running_requests``); any failure undoes the lock and returns
-   the copy-on-write slot;
+1. admission (FCFS): running requests are capped at ``slots // slots_per_request`` (and
+   ``max_running_requests``); a read-only ``peek_prefix(input[:-1])`` gives the hit the match will find,
+   and the request is admitted only if the KV tokens fit (free + evictable, less what locking the hit takes
+   out, must cover what this and every admitted request will still allocate, so a running request never
+   runs out) and the state slots it takes (live + track buffer) can be had from free slots or evictable
+   checkpoints. Then ``cache.admit(req)``: ``match_prefix(input[:-1], cow_mamba=True)``, lock
+   ``req.last_node`` *before* evicting checkpoints for the slots, so the eviction cannot take the matched
+   checkpoint, ``HybridReqToTokenPool.alloc``, the hit's KV into the request row. Because both checks come
+   before anything changes, a refused request leaves no trace: no split, no recency refresh, no
+   copy-on-write, no checkpoint evicted for room it then could not use;
 2. chunked prefill: per chunk ``alloc_token_slots`` (evicts on failure), write the row, "run the model",
    ``cache_unfinished_req``; the last chunk yields the first token (TTFT);
 3. decode: at ``strategies.is_decode_boundary`` the state is tracked and ``cache_unfinished_req`` called
    (lazy: borrow the second ping-pong slot first, release the old one after);
 4. finish: ``cache_finished_req``; the request row is freed.
 
-The model's forward is replaced by state stamps (:mod:`mamba_radix.state_stamp`): the live slot is
-stamped with the fingerprint of the tokens it summarises at every chunk end and decode event, the track
-slot at the tracked length. With ``verify_states`` every prefill chunk and decode segment first checks that
-the live slot holds the stamp of exactly the tokens before it: a hit that returned the wrong checkpoint, a
-copy-on-write that copied the wrong slot or a donation that lost a state is caught at once.
+The model's forward is replaced by state stamps (:mod:`mamba_radix.state_stamp`, written through the
+fast :mod:`mamba_radix.sim.stamps`): the live slot is stamped with the fingerprint of the tokens it
+summarises at every chunk end and decode event, the track slot at the tracked length. Each request's
+prefix fingerprints are computed once at admission (vectorised), so a stamp costs O(1) whatever the chunk
+length. With ``verify_states`` every prefill chunk and decode segment first checks that the live slot
+holds the stamp of exactly the tokens before it: a hit that returned the wrong checkpoint, a copy-on-write
+that copied the wrong slot or a donation that lost a state is caught at once.
 
 **Decode jumps.** Decode is not simulated token by token. Every decoding request advances one token per
 global decode step, but the engine only touches a request at its own events (the next track boundary or
@@ -45,10 +50,11 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from mamba_radix import strategies
@@ -59,14 +65,10 @@ from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.ideal import IdealHit, ideal_for
 from mamba_radix.sim.metrics import PoolSample, RunMetrics
+from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
 from mamba_radix.sim.traces import TraceRequest
-from mamba_radix.state_stamp import (
-    EMPTY_FINGERPRINT,
-    fingerprint,
-    fingerprint_extend,
-    read_stamp,
-    write_stamp,
-)
+from mamba_radix.state_stamp import read_stamp
+from mamba_radix.tree import RadixKey
 
 __all__ = ["CostModel", "Engine", "EngineOptions", "SimulationError", "StateMismatchError"]
 
@@ -161,17 +163,21 @@ class _SimReq:
     output_ids: list[int]
     final_kv_len: int  # KV committed at finish: input + output - 1 (the last token's KV is never computed)
     owed_tokens: int  # KV tokens this request will still allocate (reserved at admission)
-    fp: int  # fingerprint of the tokens whose state the live slot holds (kv_len of them)
+    prefix_fp: PrefixFingerprints  # fingerprint of every prefix of input + output: the stamps' contents
     admitted_s: float = 0.0
     sync_step: int = 0  # global decode step at which kv_len was last brought up to date
     event_step: int = 0  # global decode step of this request's next event
     in_decode: bool = False
 
-    def tokens(self, start: int, end: int) -> list[int]:
-        n_in = len(self.input_ids)
-        if end <= n_in:
-            return self.input_ids[start:end]
-        return (self.input_ids + self.output_ids)[start:end]
+
+@dataclass(frozen=True)
+class _Expanded:
+    """The waiting head's tokens, expanded once however often its admission is retried."""
+
+    index: int
+    input_ids: list[int]
+    input_array: np.ndarray
+    key: RadixKey  # input[:-1] in the request's namespace: what admission matches
 
 
 class Engine:
@@ -217,6 +223,9 @@ class Engine:
         self.req_pool = HybridReqToTokenPool(self.max_running, max_context_len + 1, self.mamba_pool, config)
         self.kv_pool = TokenToKVPoolAllocator(pools.kv_tokens)
         self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool)
+        self.stamps = StampIO(self.mamba_pool)
+        # state slots a fresh request takes at admission: its live slot plus its track buffer
+        self.admission_slots = strategies.admission_slots(config, Req(rid=None, origin_input_ids=[0]))
         self.max_context_len = max_context_len
         self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
         # scheduler state
@@ -235,6 +244,8 @@ class Engine:
         self._blocked: tuple[int, int] | None = None
         self._ideal: IdealHit | None = None
         self._ideal_hits: dict[int, int] = {}
+        self._precomputed_ideal: Sequence[int] | None = None
+        self._head: _Expanded | None = None
         self._sample_every = 1
         self.lazy_boundary_skips = 0
         self._on_finish: Callable[[int], None] | None = None
@@ -249,9 +260,12 @@ class Engine:
         requests: Iterable[TraceRequest],
         total: int | None = None,
         on_finish: Callable[[int], None] | None = None,
+        ideal_hits: Sequence[int] | None = None,
     ) -> RunMetrics:
         """Replay ``requests`` (in trace order) to the end. ``total`` (if known) spaces the pool samples;
-        ``on_finish(n)`` is called after each finished request (progress bars).
+        ``on_finish(n)`` is called after each finished request (progress bars); ``ideal_hits[i]`` is the
+        ideal hit of request index ``i`` if already known (a sweep computes it once per trace), else the
+        engine computes it as it goes.
 
         Side effects: mutates the cache and pools. Cost: dominated by the cache's operations, O(tokens)
         per request plus O(log n) per decode event.
@@ -259,6 +273,7 @@ class Engine:
         if total:
             self._sample_every = max(1, total // max(1, self.options.num_samples))
         self._on_finish = on_finish
+        self._precomputed_ideal = ideal_hits
         source = iter(requests)
         pending = self._pull(source)
         sequential = self.options.mode == "sequential"
@@ -305,86 +320,86 @@ class Engine:
         trace = next(source, None)
         if trace is None:
             return None
-        if self._ideal is None:
-            self._ideal = ideal_for(trace)
-        self._ideal_hits[trace.index] = self._ideal.observe(trace)
+        if self._precomputed_ideal is not None:
+            self._ideal_hits[trace.index] = self._precomputed_ideal[trace.index]
+        else:
+            if self._ideal is None:
+                self._ideal = ideal_for(trace)
+            self._ideal_hits[trace.index] = self._ideal.observe(trace)
         if self.options.mode == "sequential":
             return trace, 0.0
         return trace, trace.timestamp_ms / 1000.0 * self.options.arrival_time_scale
 
     # --------------------------------------------------------------------------------------- admission
+    def _expand(self, trace: TraceRequest) -> _Expanded:
+        """The head's tokens and match key, built once per request (admission may be retried)."""
+        if self._head is None or self._head.index != trace.index:
+            arr = trace.input_array()
+            ids = arr.tolist()
+            self._head = _Expanded(trace.index, ids, arr, RadixKey(ids[:-1], trace.extra_key))
+        return self._head
+
     def _try_admit(self, trace: TraceRequest, arrival_s: float) -> _SimReq | str:
-        """Admit one request or return why not (``req_rows``, ``state_slots``, ``kv_tokens``); a refusal
-        leaves pools and locks as they were (the match may have split a node and refreshed recency)."""
+        """Admit one request or return why not (``req_rows``, ``state_slots``, ``kv_tokens``).
+
+        Both resource checks run on a read-only peek before anything changes, so a refusal leaves the
+        tree, its recency order, the pools and the cache's stats exactly as they were. O(L + path).
+        """
         if self.running >= self.max_running:
             return self.rows_bound
-        input_ids = trace.input_ids
+        head = self._expand(trace)
         output_ids = trace.output_ids
-        req = Req(rid=trace.index, origin_input_ids=input_ids, extra_key=trace.extra_key)
-        key = input_ids[:-1] if trace.extra_key is None else self._radix_key(input_ids[:-1], trace.extra_key)
-        final_kv_len = len(input_ids) + max(len(output_ids) - 1, 0)
-        # A plain match first: a request that does not fit must not cost a copy-on-write (SGLang defers
-        # the copy to admission too). Nothing changes the tree between the two matches.
-        probe = self.cache.match_prefix(key)
-        self.cache.inc_lock_ref(probe.last_node)
-        fits = self.kv_pool.available_size() + self.cache.full_evictable_size() >= (
-            self.owed_tokens_total + final_kv_len - int(probe.device_indices.numel())
+        final_kv_len = len(head.input_ids) + max(len(output_ids) - 1, 0)
+        peek = self.cache.peek_prefix(head.key)
+        hit = peek.hit_len
+        # KV: what the tree could give up once this request locks its hit must cover every admitted
+        # request's outstanding allocations plus this one's uncached part.
+        kv_room = self.kv_pool.available_size() + self.cache.full_evictable_size() - peek.unlocked_tokens
+        if kv_room < self.owed_tokens_total + final_kv_len - hit:
+            return "kv_tokens"
+        # Slots: the live slot (the copy-on-write target of a hit) and the track buffer, from free slots
+        # or checkpoints the tree can evict, not counting the one this request will lock.
+        slot_room = (
+            self.mamba_pool.available_size()
+            + self.cache.mamba_evictable_size()
+            - int(peek.unlocked_checkpoint)
         )
-        self.cache.dec_lock_ref(probe.last_node)
-        if not fits:
-            return "kv_tokens"
-        match = self.cache.match_prefix(key, cow_mamba=True, req=req)
-        hit = int(match.device_indices.numel())
+        if slot_room < self.admission_slots:
+            return "state_slots"
+        req = Req(rid=trace.index, origin_input_ids=head.input_ids, extra_key=trace.extra_key)
+        if not self.cache.admit(req):
+            raise SimulationError(
+                f"request {trace.index}: cache.admit refused although {slot_room} slots and a request row "
+                "were available (an engine or cache bug)"
+            )
+        if req.cache_protected_len != hit:
+            raise SimulationError(
+                f"request {trace.index}: peek_prefix found a {hit}-token hit but match_prefix "
+                f"{req.cache_protected_len} (a cache bug)"
+            )
         owed = final_kv_len - hit
-        last_node = req.last_node if req.last_node is not None else match.last_node
-        self.cache.inc_lock_ref(last_node)
-        if self.kv_pool.available_size() + self.cache.full_evictable_size() < self.owed_tokens_total + owed:
-            self._undo_admission(req, last_node)  # the copy-on-write dropped the hit (no slot)
-            return "kv_tokens"
-        if self.req_pool.alloc([req]) is None:
-            short = strategies.admission_slots(self.config, req) - self.mamba_pool.available_size()
-            if short > 0:
-                self.cache.evict(num_states=short)
-            if self.req_pool.alloc([req]) is None:
-                self._undo_admission(req, last_node)
-                return "state_slots"
-        if hit == 0:  # a fresh request starts from the zero state
-            self.mamba_pool.clear([req.mamba_pool_idx])
-        if hit:
-            self.req_pool.write(req.req_pool_idx, 0, match.device_indices)
-        req.kv_len = hit
         sim = _SimReq(
             trace=trace,
             req=req,
             arrival_s=arrival_s,
-            input_ids=input_ids,
+            input_ids=head.input_ids,
             output_ids=output_ids,
             final_kv_len=final_kv_len,
             owed_tokens=owed,
-            fp=fingerprint(input_ids[:hit]) if hit else EMPTY_FINGERPRINT,
+            prefix_fp=PrefixFingerprints(np.concatenate([head.input_array, trace.output_array()])),
             admitted_s=self.now_s,
         )
+        self._head = None
         self.owed_tokens_total += owed
         self.metrics.record_admission(
             trace.index,
             trace.input_len,
             trace.output_len,
             hit,
-            int(match.full_kv_hit_len),
+            peek.full_kv_hit_len,
             self._ideal_hits.pop(trace.index, 0),
         )
         return sim
-
-    def _radix_key(self, ids: list[int], extra_key: str) -> Any:
-        from mamba_radix.tree import RadixKey
-
-        return RadixKey(ids, extra_key)
-
-    def _undo_admission(self, req: Req, last_node: Any) -> None:
-        self.cache.dec_lock_ref(last_node)
-        if req.mamba_pool_idx is not None:
-            self.req_pool.free_mamba_cache(req)
-        req.mamba_cow_src_slot = None
 
     # ------------------------------------------------------------------------------------------ prefill
     def _prefill_step(self) -> bool:
@@ -432,13 +447,10 @@ class Engine:
         start = req.kv_len
         self._verify_live(sim)
         self._append_kv(sim, n)
-        chunk_tokens = sim.input_ids[start : start + n]
         track_len = strategies.prefill_track_len(self.config, start, n, req.mamba_branching_seqlen)
         if track_len is not None:
-            fp_track = fingerprint_extend(sim.fp, chunk_tokens[: track_len - start])
-            self._track(req, fp_track, track_len)
-        sim.fp = fingerprint_extend(sim.fp, chunk_tokens)
-        write_stamp(self.mamba_pool, req.mamba_pool_idx, sim.fp, start + n)
+            self._track(req, sim.prefix_fp.at(track_len), track_len)
+        self.stamps.write(req.mamba_pool_idx, sim.prefix_fp.at(start + n), start + n)  # type: ignore[arg-type]
         req.kv_len = start + n
         self.metrics.prefill_chunks += 1
         last = req.kv_len == len(sim.input_ids)
@@ -451,7 +463,7 @@ class Engine:
     def _track(self, req: Req, fp: int, seq_len: int) -> None:
         """The model writes the state at ``seq_len`` into the current ping-pong entry."""
         slot = req.mamba_ping_pong_track_buffer[req.mamba_next_track_idx]  # type: ignore[index]
-        write_stamp(self.mamba_pool, slot, fp, seq_len)
+        self.stamps.write(slot, fp, seq_len)
         req.mamba_last_track_seqlen = seq_len
         if not self.config.is_lazy:
             req.mamba_next_track_idx = self.req_pool.ping_pong_other_idx(req.mamba_next_track_idx)
@@ -468,11 +480,13 @@ class Engine:
         self.owed_tokens_total -= n
 
     def _verify_live(self, sim: _SimReq) -> None:
+        """With ``verify_states``: the live slot must hold the state of exactly ``kv_len`` tokens. O(1)."""
         if not self.options.verify_states:
             return
-        got = read_stamp(self.mamba_pool, sim.req.mamba_pool_idx)
-        want = (sim.fp, sim.req.kv_len)
-        if got != want:
+        slot, kv_len = sim.req.mamba_pool_idx, sim.req.kv_len
+        want = (sim.prefix_fp.at(kv_len), kv_len)
+        if not self.stamps.holds(slot, *want):  # type: ignore[arg-type]
+            got = read_stamp(self.mamba_pool, slot)  # the slow reader, for the message
             raise StateMismatchError(
                 f"request {sim.trace.index}: live slot {sim.req.mamba_pool_idx} holds the state of "
                 f"{got[1]} tokens (fingerprint {got[0]:#x}) but should hold {want[1]} tokens ({want[0]:#x})"
@@ -526,8 +540,7 @@ class Engine:
         self._verify_live(sim)
         self._append_kv(sim, steps)
         end = start + steps
-        sim.fp = fingerprint_extend(sim.fp, sim.tokens(start, end))
-        write_stamp(self.mamba_pool, req.mamba_pool_idx, sim.fp, end)
+        self.stamps.write(req.mamba_pool_idx, sim.prefix_fp.at(end), end)  # type: ignore[arg-type]
         req.kv_len = end
         req.output_ids = sim.output_ids[: end - len(sim.input_ids) + 1]
         sim.sync_step = self.global_step
@@ -547,7 +560,7 @@ class Engine:
             if not self.req_pool.lazy_alloc_boundary_slot(req):
                 self.lazy_boundary_skips += 1  # no slot to borrow: skip this checkpoint, never corrupt
                 return
-        self._track(req, sim.fp, req.kv_len)
+        self._track(req, sim.prefix_fp.at(req.kv_len), req.kv_len)
         self.metrics.decode_boundaries += 1
         self.cache.cache_unfinished_req(req)
         if self.config.is_lazy:

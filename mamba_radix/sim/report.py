@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["compact_table", "load_records", "results_table", "write_report"]
+__all__ = ["compact_table", "load_records", "order_comparisons", "results_table", "write_report"]
 
 # columns: (header, function of a record -> str)
 GIB = 1 << 30
@@ -130,6 +130,49 @@ def compact_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+# parameters that do not define a configuration (bookkeeping), ignored when comparing two runs' settings
+_NON_CONFIG_PARAMS = {"group"}
+# what has to match for two runs to count as giving the same result
+_OUTCOME_METRICS = ("cached_tokens", "kv_matched_tokens", "prefill_tokens", "peak_running", "sim_time_s")
+_OUTCOME_STATS = ("states_evicted", "tokens_evicted", "checkpoints_inserted", "checkpoints_capped")
+
+
+def order_comparisons(records: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence per pair of runs that differ only in ``mamba_eviction_order``: whether their outcomes
+    (cached tokens, KV matched, checkpoints evicted, ...) are identical or how far the hit rates are
+    apart. Computed from the records, so the report says plainly when two orders coincide. O(runs^2)."""
+    ok = [r for r in records if "error" not in r]
+    out = []
+    for i, a in enumerate(ok):
+        for b in ok[i + 1 :]:
+            pa, pb = a["params"], b["params"]
+            keys = (set(pa) | set(pb)) - _NON_CONFIG_PARAMS
+            differing = {k for k in keys if pa.get(k) != pb.get(k)}
+            if differing != {"mamba_eviction_order"}:
+                continue
+            same = all(a["metrics"][k] == b["metrics"][k] for k in _OUTCOME_METRICS) and all(
+                a["cache_stats"].get(k) == b["cache_stats"].get(k) for k in _OUTCOME_STATS
+            )
+            where = (
+                f"{pa['strategy']}, refresh {pa['mamba_lru_refresh']}, ratio "
+                f"{_label(pa['mamba_full_memory_ratio'])}, {_num(pa['budget_gib'], 2)} GiB"
+            )
+            names = f"{pa['mamba_eviction_order']} (run {a['run_id']}) and {pb['mamba_eviction_order']} (run {b['run_id']})"
+            if same:
+                out.append(
+                    f"- {names} coincide ({where}): identical cached tokens, KV matches and evictions "
+                    f"({a['cache_stats'].get('states_evicted', '-')} checkpoints evicted each)."
+                )
+            else:
+                diff = 100 * (b["metrics"]["token_hit_rate"] - a["metrics"]["token_hit_rate"])
+                out.append(
+                    f"- {names} differ ({where}): hit rate {_pct(a['metrics']['token_hit_rate'])}% vs "
+                    f"{_pct(b['metrics']['token_hit_rate'])}% ({diff:+.2f} points), checkpoints evicted "
+                    f"{a['cache_stats'].get('states_evicted', '-')} vs {b['cache_stats'].get('states_evicted', '-')}."
+                )
+    return out
+
+
 def _infinite_by_strategy(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {
         r["params"]["strategy"]: r["metrics"]["token_hit_rate"]
@@ -185,11 +228,19 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
     if spec.get("categorical"):
         ax.set_xticks(range(len(categories)), [_label(c) for c in categories])
     scale = 100.0 if y_key.endswith("rate") else 1.0
-    for name, pts in sorted(lines.items(), key=lambda kv: [str(v) for v in kv[0]]):
+    ordered = sorted(lines.items(), key=lambda kv: [str(v) for v in kv[0]])
+    for i, (name, pts) in enumerate(ordered):
         pts.sort()
-        ax.plot(
-            [p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=" / ".join(map(str, name))
-        )
+        if spec.get("categorical"):
+            # Categories are not a scale: markers only (a line would invent values between them), each
+            # series nudged sideways so that coinciding points of different series stay visible.
+            shift = (i - (len(ordered) - 1) / 2) * 0.08
+            ax.plot([p[0] + shift for p in pts], [p[1] * scale for p in pts], marker="o", linestyle="none",
+                    markersize=7, label=" / ".join(map(str, name)))  # fmt: skip
+        else:
+            ax.plot(
+                [p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=" / ".join(map(str, name))
+            )
     if y_key == "token_hit_rate" and spec.get("references", True):
         ideal = [r["metrics"]["ideal_hit_rate"] for r in runs]
         if ideal:
@@ -213,11 +264,16 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
             )
     if spec.get("logx"):
         ax.set_xscale("log", base=2)
+        # tick the measured values themselves: powers of two say nothing about a 27.25 GiB budget
+        xs = sorted({p[0] for pts in lines.values() for p in pts})
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.minorticks_off()
     ax.set_xlabel(spec.get("xlabel", x_key))
     ax.set_ylabel(spec.get("ylabel", "token hit rate (%)" if y_key == "token_hit_rate" else y_key))
     ax.set_title(spec.get("title", ""), fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, title=" / ".join(series_keys) if series_keys else None, title_fontsize=7)
+    if ax.get_legend_handles_labels()[1]:  # a single unnamed series needs no legend
+        ax.legend(fontsize=7, title=" / ".join(series_keys) if series_keys else None, title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -233,6 +289,8 @@ def _pressure_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path
     runs = [r for r in _select(records, spec.get("groups"), spec.get("where")) if r.get("timeseries")]
     if not runs:
         return False
+    series = spec.get("series", ["strategy"])
+    runs.sort(key=lambda r: [str(r["params"].get(k)) for k in series])  # legend in series order
     fig, (ax_kv, ax_slot) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for r in runs:
         ts = r["timeseries"]
@@ -305,6 +363,8 @@ def write_report(
             lines += [f"## {spec.get('title', spec['file'])}", "", f"![{spec['file']}]({spec['file']})", ""]
             if spec.get("caption"):
                 lines += [spec["caption"], ""]
+            if spec.get("x") == "mamba_eviction_order":
+                lines += [*order_comparisons(_select(ok, spec.get("groups"), spec.get("where"))), ""]
     lines += ["## Summary", "", compact_table(records), ""]
     lines += [
         "## All runs",

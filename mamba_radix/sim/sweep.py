@@ -9,6 +9,7 @@ nothing large crosses process boundaries; results come back as one dict per run 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -23,10 +24,11 @@ from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 from mamba_radix.sim.budget import KIMI_K3_PER_RANK_BUDGET_GIB, PoolSizes, model_bytes, pools_for_budget
 from mamba_radix.sim.engine import CostModel, Engine, EngineOptions, wall_clock
+from mamba_radix.sim.ideal import ideal_for
 from mamba_radix.sim.metrics import result_record
-from mamba_radix.sim.traces import TraceRequest, iter_trace, scan_trace
+from mamba_radix.sim.traces import TraceRequest, TraceSummary, iter_trace, scan_trace
 
-__all__ = ["RunSpec", "expand_definition", "infinite_pools", "run_one", "run_sweep"]
+__all__ = ["RunSpec", "expand_definition", "infinite_pools", "run_one", "run_sweep", "trace_facts"]
 
 CONFIG_FIELDS = {f.name for f in fields(CacheConfig)}
 COST_FIELDS = {f.name for f in fields(CostModel)}
@@ -94,6 +96,34 @@ def infinite_pools(
     )
 
 
+def trace_facts(
+    path: str, fmt: str = "auto", block_size: int = 512, limit: int | None = None
+) -> tuple[TraceSummary, tuple[int, ...]]:
+    """The trace's totals and the ideal hit of every request, computed once per process and trace.
+
+    Every run of a sweep replays the same trace; a worker process runs many of them, so the two passes
+    over the file (totals, then the ideal) are memoised, keyed by the file's path, size and modification
+    time. O(rows + blocks) the first time, O(1) after.
+    """
+    st = os.stat(path)
+    return _trace_facts(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, fmt, block_size, limit)
+
+
+@functools.lru_cache(maxsize=4)
+def _trace_facts(
+    path: str, size: int, mtime_ns: int, fmt: str, block_size: int, limit: int | None
+) -> tuple[TraceSummary, tuple[int, ...]]:
+    del size, mtime_ns  # cache key only: a changed file is read again
+    summary = scan_trace(path, fmt, block_size, limit)  # type: ignore[arg-type]
+    hits: list[int] = []
+    ideal = None
+    for req in iter_trace(path, fmt, block_size, limit):  # type: ignore[arg-type]
+        if ideal is None:
+            ideal = ideal_for(req)
+        hits.append(ideal.observe(req))
+    return summary, tuple(hits)
+
+
 def _engine_options(spec: RunSpec, infinite_rows: bool) -> EngineOptions:
     opts = dict(spec.options)
     if infinite_rows and opts.get("max_running_requests") is None:
@@ -113,13 +143,14 @@ def run_one(
     a bad configuration, ``TraceFormatError`` for a bad trace.
     """
     config = CacheConfig(**spec.config)
+    ideal_hits: tuple[int, ...] | None = None
     if requests is not None:
         num = len(requests)
         in_tok = sum(r.input_len for r in requests)
         out_tok = sum(r.output_len for r in requests)
         max_len = max(r.input_len + r.output_len for r in requests)
     else:
-        summary = scan_trace(spec.trace, spec.trace_format, spec.block_size, spec.limit)  # type: ignore[arg-type]
+        summary, ideal_hits = trace_facts(spec.trace, spec.trace_format, spec.block_size, spec.limit)
         num, in_tok, out_tok, max_len = (
             summary.num_requests,
             summary.input_tokens,
@@ -139,7 +170,7 @@ def run_one(
         if requests is not None
         else iter_trace(spec.trace, spec.trace_format, spec.block_size, spec.limit)
     )  # type: ignore[arg-type]
-    metrics = engine.run(source, total=num, on_finish=progress)
+    metrics = engine.run(source, total=num, on_finish=progress, ideal_hits=ideal_hits)
     wall_s = wall_clock() - start
     return result_record(
         spec.run_id,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from mamba_radix.errors import TraceFormatError
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "TraceSummary",
     "detect_format",
     "expand_blocks",
+    "expand_blocks_array",
     "iter_block_trace",
     "iter_token_trace",
     "iter_trace",
@@ -108,6 +111,21 @@ class TraceRequest:
             return self.tokens_out
         return output_token_ids(self.index, self.output_len)
 
+    def input_array(self) -> np.ndarray:
+        """The input tokens as an int64 array (a new array; for block requests built without a Python
+        list, O(input_len) vectorised)."""
+        if self.tokens_in is not None:
+            return np.asarray(self.tokens_in, dtype=np.int64)
+        assert self.block_ids is not None
+        return expand_blocks_array(self.block_ids, self.input_len, self.block_size)
+
+    def output_array(self) -> np.ndarray:
+        """The output tokens as an int64 array (a new array). O(output_len)."""
+        if self.tokens_out is not None:
+            return np.asarray(self.tokens_out, dtype=np.int64)
+        start = OUTPUT_TOKEN_BASE + self.index * _OUTPUT_WINDOW
+        return np.arange(start, start + self.output_len, dtype=np.int64)
+
     def to_token_row(self) -> dict[str, Any]:
         """The token-format JSON object of this request."""
         row: dict[str, Any] = {"timestamp": self.timestamp_ms}
@@ -129,6 +147,14 @@ def expand_blocks(
         tokens.extend(range(start, start + block_size))
     del tokens[input_length:]
     return tokens
+
+
+def expand_blocks_array(
+    block_ids: Sequence[int], input_length: int, block_size: int = DEFAULT_BLOCK_SIZE
+) -> np.ndarray:
+    """:func:`expand_blocks` as an int64 array, vectorised. O(input_length)."""
+    blocks = np.asarray(block_ids, dtype=np.int64)
+    return (blocks[:, None] * block_size + np.arange(block_size, dtype=np.int64)).ravel()[:input_length]
 
 
 def output_token_ids(request_index: int, output_length: int) -> list[int]:

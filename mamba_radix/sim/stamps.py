@@ -1,0 +1,135 @@
+"""Fast state stamps for the engine: the same bytes as :mod:`mamba_radix.state_stamp`, at a fraction of the
+cost on the simulator's hot path.
+
+The engine stamps a slot at every prefill chunk end, track point and decode event, and checks the live
+slot before each chunk and event. :mod:`mamba_radix.state_stamp` computes each fingerprint by hashing the
+tokens since the previous one (O(new tokens) with a Python-list-to-numpy conversion per call) and writes
+through a chain of torch views (tens of microseconds per call). Here:
+
+- :class:`PrefixFingerprints` hashes a request's whole token sequence once, vectorised, so the fingerprint
+  of any prefix is an O(1) lookup. The polynomial hash is ``H(n) = sum_{j<n} a_j B^(n-1-j) mod p`` with
+  ``a_j = t_j + 1``; with ``C = B^-1 mod p`` that is ``B^(n-1) * sum_{j<n} a_j C^j``, a prefix sum.
+  Values are identical to :func:`mamba_radix.state_stamp.fingerprint` (the tests check it).
+- :class:`StampIO` writes and checks stamps through numpy views of the pool's CPU tensors (a few
+  microseconds), byte for byte what :func:`~mamba_radix.state_stamp.write_stamp` writes, so
+  :func:`~mamba_radix.state_stamp.read_stamp` reads them back. If the pool replaces a tensor, the views are
+  rebuilt (identity check on every call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mamba_radix.state_stamp import _BASES, _MODULI, _STAMP_BYTES, EMPTY_FINGERPRINT
+
+__all__ = ["PrefixFingerprints", "StampIO"]
+
+
+class _PowerTable:
+    """``x**j mod p`` for j = 0..n-1 as int64, grown by doubling on demand (amortised O(1) per entry)."""
+
+    def __init__(self, x: int, modulus: int) -> None:
+        self.x, self.modulus = x, modulus
+        self.table = np.ones(1, dtype=np.int64)
+
+    def upto(self, n: int) -> np.ndarray:
+        while len(self.table) < n:
+            step = pow(self.x, len(self.table), self.modulus)
+            # residues < 2**31: every product fits in int64
+            self.table = np.concatenate([self.table, self.table * step % self.modulus])
+        return self.table[:n]
+
+
+# per modulus: powers of the base B and of its inverse C (Fermat: C = B^(p-2) mod p, p prime)
+_TABLES = [
+    (_PowerTable(b, m), _PowerTable(pow(b, m - 2, m), m), m) for b, m in zip(_BASES, _MODULI, strict=True)
+]
+
+
+class PrefixFingerprints:
+    """The fingerprint of every prefix of one token sequence.
+
+    Construction is O(len) vectorised numpy work and keeps two int64 arrays of ``len`` entries (16 bytes a
+    token); :meth:`at` is O(1). ``at(n) == state_stamp.fingerprint(tokens[:n])`` for 0 <= n <= len.
+    """
+
+    __slots__ = ("_pow_base", "_sums", "length")
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        arr = np.asarray(tokens, dtype=np.int64)
+        self.length = int(arr.shape[0])
+        self._sums: list[np.ndarray] = []
+        self._pow_base: list[np.ndarray] = []
+        for base_pows, inv_pows, modulus in _TABLES:
+            if self.length == 0:
+                self._sums.append(arr)
+                self._pow_base.append(arr)
+                continue
+            # a_j * C^j < 2**62; the running sum of up to 2**31 terms below 2**31 stays below 2**62
+            terms = (arr + 1) % modulus * inv_pows.upto(self.length) % modulus
+            self._sums.append(np.cumsum(terms) % modulus)
+            self._pow_base.append(base_pows.upto(self.length))
+
+    def at(self, n: int) -> int:
+        """The fingerprint of the first ``n`` tokens. O(1)."""
+        if n == 0:
+            return EMPTY_FINGERPRINT
+        if not 0 < n <= self.length:
+            raise IndexError(f"prefix length {n} outside 0..{self.length}")
+        out = 0
+        for i, (_, _, modulus) in enumerate(_TABLES):
+            h = int(self._pow_base[i][n - 1]) * int(self._sums[i][n - 1]) % modulus
+            out |= h << (32 * i)
+        return out
+
+
+class StampIO:
+    """Write and check state stamps in a CPU :class:`~mamba_radix.pools.MambaPool` (or anything with
+    ``conv`` and ``temporal`` tensors), in the layout of :mod:`mamba_radix.state_stamp`: the first 16
+    bytes of every layer's row of every state tensor with at least 16 bytes per slot hold
+    ``int64[fingerprint, num_tokens]``."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._sources: list[torch.Tensor] = []
+        self._views: list[np.ndarray] = []
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Rebuild the byte views if the pool's tensors are not the ones they were made from. O(tensors)."""
+        sources = [*self.pool.conv, self.pool.temporal]
+        if len(sources) == len(self._sources) and all(
+            a is b for a, b in zip(sources, self._sources, strict=True)
+        ):
+            return
+        views = []
+        for t in sources:
+            if t.device.type != "cpu":
+                raise ValueError("StampIO works on CPU pools; use mamba_radix.state_stamp on a device")
+            if t[0, 0].numel() * t.element_size() < _STAMP_BYTES:
+                continue
+            # uint8 view of [layers, slots, bytes per row], sharing memory with the tensor
+            views.append(t.view(torch.uint8).view(t.shape[0], t.shape[1], -1).numpy())
+        if not views:
+            raise ValueError("no state tensor has the 16 bytes per slot a stamp needs")
+        self._sources, self._views = sources, views
+
+    @staticmethod
+    def _payload(fp: int, num_tokens: int) -> np.ndarray:
+        return np.array([fp, num_tokens], dtype=np.int64).view(np.uint8)
+
+    def write(self, slot: int, fp: int, num_tokens: int) -> None:
+        """Stamp ``slot`` with ``(fp, num_tokens)`` in every layer of every stamped tensor. O(layers)."""
+        self._refresh()
+        payload = self._payload(fp, num_tokens)
+        for view in self._views:
+            view[:, slot, :_STAMP_BYTES] = payload
+
+    def holds(self, slot: int, fp: int, num_tokens: int) -> bool:
+        """Whether every layer of every stamped tensor of ``slot`` holds ``(fp, num_tokens)``. O(layers)."""
+        self._refresh()
+        payload = self._payload(fp, num_tokens)
+        return all(bool((view[:, slot, :_STAMP_BYTES] == payload).all()) for view in self._views)
