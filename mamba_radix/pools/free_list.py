@@ -383,6 +383,38 @@ class HostFreeList(FreeList):
         return torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.int64))
 
 
+class FreeListBatching:
+    """The free-list controls both token allocators share (a mixin over ``self._free_list``).
+
+    Ids are KV indices for :class:`~mamba_radix.pools.TokenToKVPoolAllocator` and page ids for
+    :class:`~mamba_radix.pools.PagedTokenToKVPoolAllocator`.
+    """
+
+    _free_list: FreeList
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """The merged free list (its head is what ``alloc`` hands out next)."""
+        return self._free_list.free_pages
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """Freed ids not merged into the free list yet (a new tensor)."""
+        return self._free_list.release_pages
+
+    def free_group_begin(self) -> None:
+        """Collect the following frees; :meth:`free_group_end` concatenates them once."""
+        self._free_list.free_group_begin()
+
+    def free_group_end(self) -> None:
+        """Close the free group opened by :meth:`free_group_begin`."""
+        self._free_list.free_group_end()
+
+    def merge_and_sort_free(self) -> None:
+        """Merge released ids into the free list now (sorted when ``need_sort``). O(free ids)."""
+        self._free_list.merge()
+
+
 def make_free_list(
     num_ids: int, device: torch.device, need_sort: bool, what: str, backend: str = "auto"
 ) -> FreeList:

@@ -24,7 +24,7 @@ from mamba_radix.pools._indices import (
     check_size,
     resolve_device,
 )
-from mamba_radix.pools.free_list import make_free_list
+from mamba_radix.pools.free_list import FreeListBatching, make_free_list
 
 __all__ = ["PagedTokenToKVPoolAllocator", "get_last_loc"]
 
@@ -39,7 +39,7 @@ def get_last_loc(req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: to
     return torch.where(prefix_lens > 0, last, torch.full_like(last, -1))
 
 
-class PagedTokenToKVPoolAllocator:
+class PagedTokenToKVPoolAllocator(FreeListBatching):
     """``size`` KV indices in ``size // page_size`` pages on ``device``; ``size`` must be a multiple of
     ``page_size``. Sizes are counted in tokens: ``available_size() + used == size``. ``backend``: the free
     list implementation, as for :class:`~mamba_radix.pools.TokenToKVPoolAllocator`."""
@@ -78,16 +78,6 @@ class PagedTokenToKVPoolAllocator:
     def used(self) -> int:
         """Allocated KV indices (whole pages)."""
         return self.size - self.available_size()
-
-    @property
-    def free_pages(self) -> torch.Tensor:
-        """The merged free list of page ids."""
-        return self._free_list.free_pages
-
-    @property
-    def release_pages(self) -> torch.Tensor:
-        """Freed page ids not merged yet (a new tensor)."""
-        return self._free_list.release_pages
 
     # ------------------------------------------------------------------------------------------ alloc
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
@@ -248,18 +238,6 @@ class PagedTokenToKVPoolAllocator:
             raise InvalidIndex(
                 f"KV index {value} is out of range; valid values are {self.page_size}..{self.max_index}"
             ) from None
-
-    def free_group_begin(self) -> None:
-        """Collect the following frees; :meth:`free_group_end` concatenates them once."""
-        self._free_list.free_group_begin()
-
-    def free_group_end(self) -> None:
-        """Close the free group."""
-        self._free_list.free_group_end()
-
-    def merge_and_sort_free(self) -> None:
-        """Merge released pages into the free list now (sorted when ``need_sort``)."""
-        self._free_list.merge()
 
     def clear(self) -> None:
         """Free every page; the free list restarts as pages ``1..num_pages``. O(num_pages)."""

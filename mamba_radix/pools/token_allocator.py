@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 
 from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_count, check_size, resolve_device
-from mamba_radix.pools.free_list import make_free_list
+from mamba_radix.pools.free_list import FreeListBatching, make_free_list
 
 __all__ = ["TokenToKVPoolAllocator"]
 
 
-class TokenToKVPoolAllocator:
+class TokenToKVPoolAllocator(FreeListBatching):
     """KV indices ``1..size`` of a token pool on ``device``.
 
     ``available_size()`` counts free indices (merged or not); ``used`` counts allocated ones; they always
@@ -48,16 +48,6 @@ class TokenToKVPoolAllocator:
         """Allocated KV indices."""
         return self.size - self._free_list.available
 
-    @property
-    def free_pages(self) -> torch.Tensor:
-        """The merged free list (its head is what ``alloc`` hands out next)."""
-        return self._free_list.free_pages
-
-    @property
-    def release_pages(self) -> torch.Tensor:
-        """Freed indices not merged into the free list yet (a new tensor)."""
-        return self._free_list.release_pages
-
     # ------------------------------------------------------------------------------------- alloc/free
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """``num_tokens`` free KV indices (int64, on the device), or ``None`` and nothing taken.
@@ -78,18 +68,6 @@ class TokenToKVPoolAllocator:
         the misuse check (and so its host sync on a GPU); a bad index then corrupts the pool silently.
         """
         self._free_list.free(as_index_tensor(indices, self.device, "KV index"), check)
-
-    def free_group_begin(self) -> None:
-        """Collect the following frees; :meth:`free_group_end` concatenates them once."""
-        self._free_list.free_group_begin()
-
-    def free_group_end(self) -> None:
-        """Close the free group opened by :meth:`free_group_begin`."""
-        self._free_list.free_group_end()
-
-    def merge_and_sort_free(self) -> None:
-        """Merge released indices into the free list now (sorted when ``need_sort``). O(free indices)."""
-        self._free_list.merge()
 
     def clear(self) -> None:
         """Free every index; the free list restarts as ``1..size``. O(size)."""
