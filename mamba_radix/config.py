@@ -50,6 +50,18 @@ DEFAULT_FLOP_WEIGHT = 32.0
 DEFAULT_FLOP_CROSSOVER = 65536
 
 
+DISAGGREGATION_MODES: tuple[str, ...] = ("null", "prefill", "decode")
+
+# Fields that take one of a fixed set of names, and the names.
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "mamba_radix_cache_strategy": STRATEGIES,
+    "mamba_eviction_order": EVICTION_ORDERS,
+    "mamba_checkpoint_admission": CHECKPOINT_ADMISSIONS,
+    "mamba_lru_refresh": LRU_REFRESH_MODES,
+    "disaggregation_mode": DISAGGREGATION_MODES,
+}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -117,6 +129,7 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
+        self._check_choices()
         self._check_ranges()
         self._check_strategy()
 
@@ -132,6 +145,12 @@ class CacheConfig:
                 not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             ):
                 raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value!r}")
+
+    def _check_choices(self) -> None:
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")
 
     def _check_ranges(self) -> None:
         if self.page_size < 1:
@@ -154,16 +173,6 @@ class CacheConfig:
             raise ConfigError(
                 f"--speculative-num-draft-tokens must be >= 0, got {self.speculative_num_draft_tokens}"
             )
-        if self.mamba_radix_cache_strategy not in STRATEGIES:
-            raise ConfigError(
-                f"--mamba-radix-cache-strategy must be one of {', '.join(STRATEGIES)}, "
-                f"got {self.mamba_radix_cache_strategy!r}"
-            )
-        if self.mamba_eviction_order not in EVICTION_ORDERS:
-            raise ConfigError(
-                f"--mamba-eviction-order must be one of {', '.join(EVICTION_ORDERS)}, "
-                f"got {self.mamba_eviction_order!r}"
-            )
         if self.mamba_flop_weight < 0:
             raise ConfigError(
                 f"--mamba-flop-weight must be >= 0 (ticks per doubling of saved compute; 0 = plain LRU), "
@@ -172,20 +181,6 @@ class CacheConfig:
         if self.mamba_flop_crossover < 1:
             raise ConfigError(
                 f"--mamba-flop-crossover must be >= 1 (tokens), got {self.mamba_flop_crossover}"
-            )
-        if self.mamba_checkpoint_admission not in CHECKPOINT_ADMISSIONS:
-            raise ConfigError(
-                f"--mamba-checkpoint-admission must be one of {', '.join(CHECKPOINT_ADMISSIONS)}, "
-                f"got {self.mamba_checkpoint_admission!r}"
-            )
-        if self.mamba_lru_refresh not in LRU_REFRESH_MODES:
-            raise ConfigError(
-                f"--mamba-lru-refresh must be one of {', '.join(LRU_REFRESH_MODES)}, "
-                f"got {self.mamba_lru_refresh!r}"
-            )
-        if self.disaggregation_mode not in ("null", "prefill", "decode"):
-            raise ConfigError(
-                f"--disaggregation-mode must be null, prefill or decode, got {self.disaggregation_mode!r}"
             )
 
     def _check_strategy(self) -> None:
