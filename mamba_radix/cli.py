@@ -9,6 +9,11 @@
   under a Kimi-K3-like per-rank budget; writes ``results.jsonl``, ``report.md`` and PNG plots.
 - ``plan``: the capacity planner (:mod:`mamba_radix.capacity.cli`).
 
+``--peer NAME`` (a list under ``sweep``) applies a peer system's policy preset
+(:mod:`mamba_radix.peers`) after the other flags; a flag given with a value the peer would change is an
+error. Boolean flags are switches (``--disable-overlap-schedule`` alone means true) that also take an
+explicit value (``true``/``false``; a comma list under ``sweep``).
+
 Flags carry SGLang's server-argument names where one exists. Errors are one line on stderr and exit
 code 2, never a traceback; progress bars go to stderr and are off when it is not a terminal or with
 ``--quiet``.
@@ -78,7 +83,33 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"must be true or false, got {text}")
 
 
-# (flag, dest, type, default, help, where): "config" = CacheConfig field, "budget", "options", "cost".
+_bool.__name__ = "bool"
+
+
+def _peer_name(text: str) -> str:
+    from mamba_radix.peers import PEERS
+
+    if text not in PEERS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(PEERS)}, got {text}")
+    return text
+
+
+_peer_name.__name__ = "peer"
+
+
+def _peer_help() -> str:
+    from mamba_radix.peers import PEERS
+
+    return (
+        f"a peer system's cache policy ({', '.join(PEERS)}; mamba_radix.peers), applied after the other "
+        "flags; a flag it sets to another value is an error. vllm-align needs --page-size > 1, which the "
+        "simulator does not support yet"
+    )
+
+
+# (flag, dest, type, default, help, where): "config" = CacheConfig field, "budget", "options", "cost",
+# "peer" (a preset of mamba_radix.peers applied over the config fields). Flags of type _bool are switches:
+# given alone they mean true (as SGLang's), or take an explicit value (a list under sweep).
 # fmt: off
 _SWEEPABLE: list[tuple[str, str, Callable[[str], Any], Any, str, str]] = [
     ("--mamba-radix-cache-strategy", "mamba_radix_cache_strategy", str, "auto",
@@ -88,13 +119,23 @@ _SWEEPABLE: list[tuple[str, str, Callable[[str], Any], Any, str, str]] = [
      "soft cap on checkpoints per path (-1 = unlimited)", "config"),
     ("--mamba-cache-chunk-size", "mamba_cache_chunk_size", int, 64, "prefill checkpoint grid (tokens)", "config"),
     ("--mamba-eviction-order", "mamba_eviction_order", str, "leaf_first",
-     "checkpoint victim order: leaf_first, root_first or mixed", "config"),
+     "checkpoint victim order: leaf_first, root_first, mixed or flop_weighted (LRU with a bonus for the "
+     "compute a checkpoint saves)", "config"),
     ("--mamba-lru-refresh", "mamba_lru_refresh", str, "node", "refresh on hit: node or path", "config"),
+    ("--mamba-checkpoint-admission", "mamba_checkpoint_admission", str, "all",
+     "which prefill chunks checkpoint (extra_buffer): all, or branch_and_end (Marconi: the branch point "
+     "and the input's end only)", "config"),
+    ("--mamba-flop-weight", "mamba_flop_weight", float, 32.0,
+     "flop_weighted: ticks of recency one doubling of saved compute is worth (0 = plain LRU)", "config"),
+    ("--mamba-flop-crossover", "mamba_flop_crossover", int, 65536,
+     "flop_weighted: prefix length (tokens) where attention's quadratic cost equals the linear cost",
+     "config"),
     ("--chunked-prefill-size", "chunked_prefill_size", int, 8192, "tokens per prefill chunk (-1 = none)", "config"),
     ("--page-size", "page_size", int, 1, "tokens per KV page (the simulator supports 1)", "config"),
     ("--disable-overlap-schedule", "disable_overlap_schedule", _bool, False,
-     "true: no overlap scheduling (ping-pong P = 1)", "config"),
-    ("--skip-decode-lock", "skip_decode_lock", _bool, False, "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "config"),
+     "no overlap scheduling (ping-pong P = 1); a switch, or true/false", "config"),
+    ("--skip-decode-lock", "skip_decode_lock", _bool, False,
+     "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK; a switch, or true/false", "config"),
     ("--memory-budget-gb", "budget_gib", float, None,
      "KV + state memory per rank in GiB (default 27.25: Kimi K3, one TP8 rank)", "budget"),
     ("--mamba-full-memory-ratio", "mamba_full_memory_ratio", float, 0.9,
@@ -109,8 +150,10 @@ _SWEEPABLE: list[tuple[str, str, Callable[[str], Any], Any, str, str]] = [
     ("--decode-step-s", "decode_step_s", float, 0.025, "cost model: seconds per decode step", "cost"),
     ("--decode-step-per-req-s", "decode_step_per_req_s", float, 0.0002,
      "cost model: extra seconds per decode step per running request", "cost"),
+    ("--peer", "peer", _peer_name, None, "", "peer"),
 ]
 # fmt: on
+_WHERE = ("config", "budget", "options", "cost", "peer")
 
 
 def _add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,7 +176,15 @@ def _add_run_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group("cache, memory and engine" + (" (comma-separated lists sweep)" if sweep else ""))
     for flag, dest, conv, default, help_text, _ in _SWEEPABLE:
         kind = _list_of(conv) if sweep else conv
-        g.add_argument(flag, dest=dest, type=kind, default=None, help=f"{help_text} (default {default})")
+        if dest == "peer":
+            g.add_argument(flag, dest=dest, type=kind, default=None, metavar="NAME", help=_peer_help())
+            continue
+        extra: dict[str, Any] = {}
+        if conv is _bool:  # a switch: alone it means true; an explicit value (or list) still works
+            extra = {"nargs": "?", "const": [True] if sweep else True, "metavar": "BOOL"}
+        g.add_argument(
+            flag, dest=dest, type=kind, default=None, help=f"{help_text} (default {default})", **extra
+        )
     g.add_argument(
         "--model", default="kimi-k3", help="model preset for bytes per token/slot (default kimi-k3)"
     )
@@ -224,7 +275,7 @@ def _progress(total: int | None, desc: str, quiet: bool) -> Any:
 
 
 def _single_params(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"config": {}, "budget": {}, "options": {}, "cost": {}}
+    out: dict[str, dict[str, Any]] = {w: {} for w in _WHERE}
     for _, dest, _, _, _, where in _SWEEPABLE:
         value = getattr(args, dest)
         if value is not None:
@@ -249,7 +300,15 @@ def _trace_source(args: argparse.Namespace) -> tuple[str, list[Any] | None]:
     return path, None
 
 
-def _make_spec(args: argparse.Namespace, run_id: str, params: dict[str, dict[str, Any]], trace: str) -> Any:
+def _make_spec(
+    args: argparse.Namespace,
+    run_id: str,
+    params: dict[str, dict[str, Any]],
+    trace: str,
+    synthetic: dict[str, Any] | None = None,
+) -> Any:
+    """A run spec from the flags; its config (with the peer, if any) is validated here, so a bad
+    combination is a one-line error before anything runs (ConfigError, e.g. a flag against --peer)."""
     from mamba_radix.sim.sweep import RunSpec
 
     options = dict(params["options"])
@@ -257,7 +316,7 @@ def _make_spec(args: argparse.Namespace, run_id: str, params: dict[str, dict[str
     options["check_invariants_every"] = args.check_invariants_every
     if getattr(args, "per_request", False):
         options["keep_per_request"] = True
-    return RunSpec(
+    spec = RunSpec(
         run_id=run_id,
         trace=trace,
         trace_format=args.trace_format,
@@ -268,8 +327,12 @@ def _make_spec(args: argparse.Namespace, run_id: str, params: dict[str, dict[str
         infinite=args.infinite,
         options=options,
         cost=params["cost"],
+        peer=params["peer"].get("peer"),
+        synthetic=synthetic,
         **params["budget"],
     )
+    spec.validate()
+    return spec
 
 
 def _format_summary(rec: dict[str, Any]) -> str:
@@ -281,7 +344,17 @@ def _format_summary(rec: dict[str, Any]) -> str:
     def sec(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f} s"
 
+    p = rec["params"]
+    peer = (
+        [
+            f"peer                {p['peer']} (admission {p['mamba_checkpoint_admission']}, eviction "
+            f"{p['mamba_eviction_order']}, refresh {p['mamba_lru_refresh']}, strategy {p['strategy']})"
+        ]
+        if p.get("peer")
+        else []
+    )
     lines = [
+        *peer,
         f"requests            {m['requests']}  (input {m['input_tokens']:,} tokens, output {m['output_tokens']:,})",
         f"pools               {pools['kv_tokens']:,} KV tokens, {pools['state_slots']:,} state slots, "
         f"max running {pools['max_running_requests_effective']}",
@@ -335,17 +408,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         import itertools
 
         trace, requests = _trace_source(args)
-        if requests is not None:
-            raise CliError("sweep runs trace files (write a synthetic trace with simulate --synthetic first)")
+        # a synthetic workload is generated again inside each worker (seeded: the same requests)
+        synthetic = None if requests is None else {"generator": args.synthetic, "seed": args.seed}
         lists = {dest: getattr(args, dest) for _, dest, *_ in _SWEEPABLE if getattr(args, dest) is not None}
         keys = list(lists)
         specs = []
         where = {dest: w for _, dest, _, _, _, w in _SWEEPABLE}
         for i, values in enumerate(itertools.product(*(lists[k] for k in keys))):
-            params: dict[str, dict[str, Any]] = {"config": {}, "budget": {}, "options": {}, "cost": {}}
+            params: dict[str, dict[str, Any]] = {w: {} for w in _WHERE}
             for k, v in zip(keys, values, strict=True):
                 params[where[k]][k] = v
-            specs.append(_make_spec(args, f"{i:03d}", params, trace))
+            specs.append(_make_spec(args, f"{i:03d}", params, trace, synthetic))
         definition = None
     records = _run_with_bar(specs, args.jobs, args.out, getattr(args, "quiet", False))
     failed = [r for r in records if "error" in r]

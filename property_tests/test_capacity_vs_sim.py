@@ -14,11 +14,9 @@ predictions are checked, none against a hard-coded number:
    (with the workload's KV limit) equal the simulator's peak running requests and the resource that
    refused the next admission, in a burst where every request arrives at once.
 
-Known divergence, kept visible rather than papered over: SGLang records a decode-boundary state in the
-step that samples the last token (``_mamba_prefix_cache_update`` runs before ``check_finished``), and the
-planner counts it; the simulator finishes the request first and drops it. :func:`sim_final_boundary`
-names the adjustment, and ``test_checkpoint_at_the_last_decode_step`` (strict xfail) fails as soon as
-the simulator records it, so the adjustment can be removed.
+A decode boundary in the step that samples the last token is recorded by both: SGLang's
+``_mamba_prefix_cache_update`` runs before ``check_finished``, the planner counts that state, and the
+simulator tracks it before finishing (``test_checkpoint_at_the_last_decode_step``).
 """
 
 from __future__ import annotations
@@ -114,16 +112,6 @@ def taken(stats: Any) -> int:
     return stats.checkpoints_inserted + stats.checkpoints_existing + stats.checkpoints_skipped
 
 
-# --------------------------------------------------------------------------------- known divergence
-def sim_final_boundary(config: CacheConfig, shape: RequestShape) -> int:
-    """1 if the planner counts a decode checkpoint at the request's last KV length (input + output - 1
-    on a multiple of the track interval) that the simulator does not take, else 0 (module docstring)."""
-    last = shape.peak_kv_len
-    return int(
-        config.uses_extra_buffer and last > shape.input_len and last % config.mamba_track_interval == 0
-    )
-
-
 # -------------------------------------------------------------------------------------- 1. checkpoints
 @dataclass
 class SequentialRun:
@@ -162,7 +150,6 @@ def test_checkpoints_per_request_match_the_planner(strategy: str, knobs: tuple[i
         assert stats.checkpoints_skipped == stats.states_evicted == run.engine.lazy_boundary_skips == 0
         predicted = [
             expected_checkpoints(config, r.input_len, r.output_len, hit).taken
-            - sim_final_boundary(config, RequestShape(r.input_len, r.output_len))
             for r, hit in zip(reqs, run.hits, strict=True)
         ]
         assert predicted == run.per_request_taken, name
@@ -172,19 +159,21 @@ def test_checkpoints_per_request_match_the_planner(strategy: str, knobs: tuple[i
     assert hit_requests > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine finishes a request before handling a decode boundary at its last step; when it "
-    "records that checkpoint (as SGLang does), drop sim_final_boundary and this marker",
-)
-def test_checkpoint_at_the_last_decode_step() -> None:
-    """A decode boundary in the step that samples the last token: SGLang keeps that state (see module
-    docstring) and the planner counts it; the simulator does not yet."""
-    config = make_config("extra_buffer", -1, 64, -1)
-    reqs = unique_requests([(100, 29)])  # last KV length 100 + 29 - 1 = 128, a multiple of 64
-    assert sim_final_boundary(config, RequestShape(100, 29)) == 1
-    run = run_sequential(config, reqs)
-    assert run.per_request_taken == [expected_checkpoints(config, 100, 29, run.hits[0]).taken]
+@pytest.mark.parametrize("strategy", ["extra_buffer", "extra_buffer_lazy"])
+def test_checkpoint_at_the_last_decode_step(strategy: str) -> None:
+    """A decode boundary in the step that samples the last token: SGLang keeps that state (its
+    prefix-cache update runs before the finish check), the planner counts it, and so does the simulator,
+    which tracks it before finishing so that ``cache_finished_req`` inserts it."""
+    config = make_config(strategy, -1, 64, -1)
+    shape = RequestShape(100, 29)  # last KV length 100 + 29 - 1 = 128, a multiple of 64
+    assert shape.peak_kv_len == 128 and shape.peak_kv_len % config.mamba_track_interval == 0
+    run = run_sequential(config, unique_requests([(100, 29)]))
+    # prefill at 96 (100 // 16 * 16), decode at 128 (the last step)
+    assert run.per_request_taken == [expected_checkpoints(config, 100, 29, run.hits[0]).taken] == [2]
+    # and the state at 128 is in the tree: the same prompt + output, resent, hits all of it
+    resend = unique_requests([(100, 29)])[0]
+    again = TraceRequest.from_tokens(1, 0.0, resend.input_ids + resend.output_ids[:28] + [99_999], [7])
+    assert run_sequential(config, [resend, again]).hits == [0, 128]
 
 
 # ------------------------------------------------------------------------- 2 and 3. budget and burst

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,3 +161,115 @@ def test_experiment_writes_report_and_plots(tmp_path: Path, capsys: pytest.Captu
     assert (
         main(["experiment", "--definition", str(path), "--out", str(tmp_path / "none"), "--report-only"]) == 2
     )
+
+
+# ----------------------------------------------------------------------------------------------- peers
+def test_peer_flag_conflicting_with_an_explicit_flag_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--synthetic", "tree", "--quiet", "--peer", "marconi", "--mamba-eviction-order", "leaf_first"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == "mamba-radix simulate: error: --mamba-eviction-order conflicts with --peer marconi; drop one\n"
+    )
+    # under sweep the check runs per combination, before anything runs: no results file is written
+    argv = ["sweep", "--synthetic", "tree", "--quiet", "--out", "/nonexistent/dir/x.jsonl",
+            "--peer", "sglang,marconi", "--mamba-lru-refresh", "path"]  # fmt: skip
+    assert main(argv) == 2
+    _one_line_error(capsys, "--mamba-lru-refresh conflicts with --peer sglang; drop one")
+    assert main(["simulate", "--synthetic", "tree", "--peer", "vllm"]) == 2
+    _one_line_error(capsys, "--peer", "marconi")
+    assert main(["simulate", "--synthetic", "tree", "--quiet", "--peer", "vllm-align"]) == 2
+    _one_line_error(capsys, "--page-size 1 only", "vllm-align")
+
+
+def test_simulate_with_a_peer_records_it_and_applies_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.jsonl"
+    common = ["simulate", "--synthetic", "tree", "--seed", "1", "--mode", "sequential", "--quiet", "--out", str(out),
+              "--memory-budget-gb", "4", "--chunked-prefill-size", "512"]  # fmt: skip
+    # the value the peer sets anyway is not a conflict
+    assert main([*common, "--peer", "marconi", "--mamba-eviction-order", "flop_weighted"]) == 0
+    assert "peer                marconi (admission branch_and_end" in capsys.readouterr().out
+    assert main([*common, "--peer", "sglang"]) == 0
+    marconi, sglang = (json.loads(line) for line in out.read_text().splitlines())
+    assert (marconi["params"]["peer"], sglang["params"]["peer"]) == ("marconi", "sglang")
+    assert marconi["params"]["mamba_checkpoint_admission"] == "branch_and_end"
+    # multi-chunk prompts (root 1,000 tokens, chunks of 512): marconi keeps fewer prefill checkpoints
+    assert marconi["cache_stats"]["checkpoints_inserted"] < sglang["cache_stats"]["checkpoints_inserted"]
+
+
+def test_sweep_over_peers_on_a_synthetic_workload_reports_a_peer_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, report = tmp_path / "s.jsonl", tmp_path / "rep"
+    argv = ["sweep", "--synthetic", "tree", "--limit", "13", "--jobs", "1", "--quiet", "--out", str(out),
+            "--report", str(report), "--peer", "sglang,marconi", "--mamba-checkpoint-admission", "all,branch_and_end",
+            "--memory-budget-gb", "4"]  # fmt: skip
+    assert main(argv) == 2  # (all, marconi) and (branch_and_end, sglang) conflict
+    _one_line_error(capsys, "--mamba-checkpoint-admission conflicts with --peer ")
+    argv = [*argv[: argv.index("--mamba-checkpoint-admission")], "--memory-budget-gb", "4"]
+    assert main(argv) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["params"]["peer"] for r in recs) == ["marconi", "sglang"]
+    assert {r["params"]["trace"] for r in recs} == {"synthetic:tree:seed=0"}
+    assert {r["metrics"]["requests"] for r in recs} == {13}
+    text = (report / "report.md").read_text()
+    assert (
+        "| run | group | peer | strategy |" in text and "| marconi | extra_buffer | flop_weighted |" in text
+    )
+    # without a peer, no peer column
+    assert main(["sweep", "--synthetic", "tree", "--limit", "3", "--jobs", "1", "--quiet", "--out", str(out),
+                 "--report", str(report)]) == 0  # fmt: skip
+    assert "| peer |" not in (report / "report.md").read_text()
+
+
+def test_new_policy_flags_reach_the_config(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    argv = ["simulate", "--synthetic", "tree", "--limit", "4", "--quiet", "--out", str(out),
+            "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-checkpoint-admission", "branch_and_end",
+            "--mamba-eviction-order", "flop_weighted", "--mamba-flop-weight", "8.5", "--mamba-flop-crossover", "4096"]  # fmt: skip
+    assert main(argv) == 0
+    p = json.loads(out.read_text())["params"]
+    assert (p["mamba_checkpoint_admission"], p["mamba_eviction_order"]) == ("branch_and_end", "flop_weighted")
+    assert (p["mamba_flop_weight"], p["mamba_flop_crossover"], p["peer"]) == (8.5, 4096, None)
+
+
+# -------------------------------------------------------------------------------------- boolean switches
+@pytest.mark.parametrize(
+    ("args", "sweep_value", "single_value"),
+    [
+        ([], None, None),
+        (["--disable-overlap-schedule"], [True], True),
+        (["--disable-overlap-schedule", "false"], [False], False),
+        (["--disable-overlap-schedule", "yes"], [True], True),
+        (["--disable-overlap-schedule", "true,false"], [True, False], None),
+    ],
+)
+def test_boolean_flags_are_switches_that_take_a_value(
+    args: list[str], sweep_value: Any, single_value: Any
+) -> None:
+    from mamba_radix.cli import build_parser
+
+    parser = build_parser()
+    # a switch followed by another flag does not swallow it
+    sw = parser.parse_args(["sweep", "--out", "x", *args, "--skip-decode-lock", "--limit", "3"])
+    assert sw.disable_overlap_schedule == sweep_value and sw.skip_decode_lock == [True] and sw.limit == 3
+    if single_value is not None or not args:
+        sim = parser.parse_args(["simulate", *args, "--skip-decode-lock", "--limit", "3"])
+        assert sim.disable_overlap_schedule == single_value and sim.skip_decode_lock is True
+
+
+def test_a_switch_changes_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.jsonl"
+    base = ["simulate", "--synthetic", "chat", "--limit", "3", "--quiet", "--out", str(out)]
+    assert main([*base, "--disable-overlap-schedule"]) == 0
+    assert main([*base, "--disable-overlap-schedule", "false"]) == 0
+    on, off = (json.loads(line)["params"] for line in out.read_text().splitlines())
+    # auto resolves to no_buffer without overlap scheduling, to extra_buffer with it
+    assert (on["disable_overlap_schedule"], on["strategy"]) == (True, "no_buffer")
+    assert (off["disable_overlap_schedule"], off["strategy"]) == (False, "extra_buffer")
+    assert main([*base, "--skip-decode-lock", "maybe"]) == 2
+    _one_line_error(capsys, "--skip-decode-lock", "true or false")

@@ -18,7 +18,9 @@ Per request:
    ``cache_unfinished_req``; the last chunk yields the first token (TTFT);
 3. decode: at ``strategies.is_decode_boundary`` the state is tracked and ``cache_unfinished_req`` called
    (lazy: borrow the second ping-pong slot first, release the old one after);
-4. finish: ``cache_finished_req``; the request row is freed.
+4. finish: ``cache_finished_req``; the request row is freed. A boundary in the step that samples the
+   last token (final KV length on the interval) is tracked first and inserted by ``cache_finished_req``,
+   as SGLang's prefix-cache update runs before its finish check.
 
 The model's forward is replaced by state stamps (:mod:`mamba_radix.state_stamp`, written through the
 fast :mod:`mamba_radix.sim.stamps`): the live slot is stamped with the fingerprint of the tokens it
@@ -70,7 +72,14 @@ from mamba_radix.sim.traces import TraceRequest
 from mamba_radix.state_stamp import read_stamp
 from mamba_radix.tree import RadixKey
 
-__all__ = ["CostModel", "Engine", "EngineOptions", "SimulationError", "StateMismatchError"]
+__all__ = [
+    "CostModel",
+    "Engine",
+    "EngineOptions",
+    "SimulationError",
+    "StateMismatchError",
+    "check_simulable",
+]
 
 Mode = Literal["timed", "sequential"]
 
@@ -79,6 +88,16 @@ Mode = Literal["timed", "sequential"]
 SIM_STATE_LAYERS = 1
 SIM_CONV_SHAPES = [(8,)]  # bf16: 16 bytes
 SIM_TEMPORAL_SHAPE = (4,)  # float32: 16 bytes
+
+
+def check_simulable(config: CacheConfig) -> None:
+    """Raise :class:`ConfigError` for a valid config the simulator cannot run: ``page_size > 1`` (which
+    ``--peer vllm-align`` sets to its block size). O(1)."""
+    if config.page_size != 1:
+        raise ConfigError(
+            f"the simulator supports --page-size 1 only so far (this config has {config.page_size}; "
+            "--peer vllm-align sets it to its block size); use --page-size 1"
+        )
 
 
 class SimulationError(MambaRadixError):
@@ -198,8 +217,7 @@ class Engine:
         self.config = config
         self.pools = pools
         self.options = options or EngineOptions()
-        if config.page_size != 1:
-            raise ConfigError("the simulator supports --page-size 1 only so far; use --page-size 1")
+        check_simulable(config)
         self.max_running = config.max_running_requests(pools.state_slots)
         self.rows_bound = "state_slots"
         if (
@@ -447,7 +465,9 @@ class Engine:
         start = req.kv_len
         self._verify_live(sim)
         self._append_kv(sim, n)
-        track_len = strategies.prefill_track_len(self.config, start, n, req.mamba_branching_seqlen)
+        track_len = strategies.prefill_track_len(
+            self.config, start, n, req.mamba_branching_seqlen, input_len=len(sim.input_ids)
+        )
         if track_len is not None:
             self._track(req, sim.prefix_fp.at(track_len), track_len)
         self.stamps.write(req.mamba_pool_idx, sim.prefix_fp.at(start + n), start + n)  # type: ignore[arg-type]
@@ -545,15 +565,23 @@ class Engine:
         req.output_ids = sim.output_ids[: end - len(sim.input_ids) + 1]
         sim.sync_step = self.global_step
         self.metrics.decode_segments += 1
+        boundary = strategies.is_decode_boundary(self.config, end)
         if end >= sim.final_kv_len:
+            # SGLang's prefix-cache update runs before its finish check: a boundary in the step that
+            # samples the last token is tracked, and cache_finished_req inserts it.
+            if boundary:
+                self._decode_boundary(sim, finishing=True)
             self.decoding.discard(sim)
             self._finish(sim)
             return
-        if strategies.is_decode_boundary(self.config, end):
+        if boundary:
             self._decode_boundary(sim)
         self._schedule_event(sim)
 
-    def _decode_boundary(self, sim: _SimReq) -> None:
+    def _decode_boundary(self, sim: _SimReq, finishing: bool = False) -> None:
+        """Track the state at ``kv_len``. Running on: hand it to the tree now (``cache_unfinished_req``;
+        lazy: release the old slot). ``finishing``: leave it tracked for ``cache_finished_req`` (which
+        inserts at ``mamba_last_track_seqlen`` and frees the request's slots)."""
         req = sim.req
         if self.config.is_lazy and not self.req_pool.lazy_alloc_boundary_slot(req):
             self.cache.evict(num_states=1)
@@ -562,6 +590,8 @@ class Engine:
                 return
         self._track(req, sim.prefix_fp.at(req.kv_len), req.kv_len)
         self.metrics.decode_boundaries += 1
+        if finishing:
+            return
         self.cache.cache_unfinished_req(req)
         if self.config.is_lazy:
             self.req_pool.lazy_release_old_slot(req)

@@ -59,50 +59,68 @@ def _label(value: Any) -> str:
     return str(value)
 
 
+def _has_peer(records: Sequence[dict[str, Any]]) -> bool:
+    """Whether any run was a peer preset (the tables then get a ``peer`` column)."""
+    return any(r["params"].get("peer") for r in records)
+
+
+def _with_peer(row: list[str], record: dict[str, Any], show: bool) -> list[str]:
+    """``row`` with the run's peer (``-`` for none) inserted after run and group, when ``show``."""
+    if not show:
+        return row
+    return [*row[:2], record["params"].get("peer") or "-", *row[2:]]
+
+
 def results_table(records: Sequence[dict[str, Any]]) -> str:
-    """One markdown row per run: parameters that vary, pools, hit rates, checkpoints, copies, TTFT."""
+    """One markdown row per run: parameters that vary, pools, hit rates, checkpoints, copies, TTFT (and the
+    peer preset, when any run has one)."""
+    show_peer = _has_peer(records)
     header = [
         "run", "group", "strategy", "evict", "cap", "interval", "ratio", "GiB", "KV tokens", "slots",
         "max run", "hit %", "∞-cap hit %", "ideal %", "KV-only Mtok", "recomp. Mtok", "ckpt ins/skip/evict/cap",
         "copies GiB", "peak run (bound)", "TTFT p50/p90 s", "wall s",
     ]  # fmt: skip
+    header = _with_peer(header, {"params": {"peer": "peer"}}, show_peer)
     infinite = _infinite_by_strategy(records)
     rows = []
     for r in records:
         p = r["params"]
         if "error" in r:
-            rows.append(
-                [r["run_id"], p.get("group", ""), p.get("strategy", ""), "error: " + r["error"]]
-                + [""] * (len(header) - 4)
-            )
+            row = [r["run_id"], p.get("group", ""), p.get("strategy", ""), "error: " + r["error"]]
+            row = _with_peer(row, r, show_peer)
+            rows.append(row + [""] * (len(header) - len(row)))
             continue
         m, pools, st = r["metrics"], r["pools"], r["cache_stats"]
         inf = infinite.get(p["strategy"])
         rows.append(
-            [
-                r["run_id"],
-                p.get("group", ""),
-                p["strategy"],
-                p["mamba_eviction_order"],
-                str(p["mamba_max_states_per_path"]),
-                str(p["mamba_track_interval"]),
-                "-" if p["infinite"] else _label(p["mamba_full_memory_ratio"]),
-                "∞" if p["infinite"] else _num(p["budget_gib"], 2),
-                _num(pools["kv_tokens"]),
-                _num(pools["state_slots"]),
-                str(pools.get("max_running_requests_effective", pools["max_running_requests"])),
-                _pct(m["token_hit_rate"]),
-                _pct(inf) if inf is not None else "-",
-                _pct(m["ideal_hit_rate"]),
-                _mtok(m["kv_only_matched_tokens"]),
-                _mtok(m["recomputed_tokens"]),
-                f"{st.get('checkpoints_inserted', '-')}/{st.get('checkpoints_skipped', '-')}/"
-                f"{st.get('states_evicted', '-')}/{st.get('checkpoints_capped', '-')}",
-                _num(st["state_copy_bytes"] / GIB, 1),
-                f"{m['peak_running']} ({m['peak_running_bound_by'] or 'arrivals'})",
-                f"{_num(m['ttft_p50_s'], 2)}/{_num(m['ttft_p90_s'], 2)}",
-                _num(r["wall_s"], 1),
-            ]
+            _with_peer(
+                [
+                    r["run_id"],
+                    p.get("group", ""),
+                    p["strategy"],
+                    p["mamba_eviction_order"],
+                    str(p["mamba_max_states_per_path"]),
+                    str(p["mamba_track_interval"]),
+                    "-" if p["infinite"] else _label(p["mamba_full_memory_ratio"]),
+                    "∞" if p["infinite"] else _num(p["budget_gib"], 2),
+                    _num(pools["kv_tokens"]),
+                    _num(pools["state_slots"]),
+                    str(pools.get("max_running_requests_effective", pools["max_running_requests"])),
+                    _pct(m["token_hit_rate"]),
+                    _pct(inf) if inf is not None else "-",
+                    _pct(m["ideal_hit_rate"]),
+                    _mtok(m["kv_only_matched_tokens"]),
+                    _mtok(m["recomputed_tokens"]),
+                    f"{st.get('checkpoints_inserted', '-')}/{st.get('checkpoints_skipped', '-')}/"
+                    f"{st.get('states_evicted', '-')}/{st.get('checkpoints_capped', '-')}",
+                    _num(st["state_copy_bytes"] / GIB, 1),
+                    f"{m['peak_running']} ({m['peak_running_bound_by'] or 'arrivals'})",
+                    f"{_num(m['ttft_p50_s'], 2)}/{_num(m['ttft_p90_s'], 2)}",
+                    _num(r["wall_s"], 1),
+                ],
+                r,
+                show_peer,
+            )
         )
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -110,9 +128,15 @@ def results_table(records: Sequence[dict[str, Any]]) -> str:
 
 
 def compact_table(records: Sequence[dict[str, Any]]) -> str:
-    """The headline columns only (for a README): one row per successful run."""
+    """The headline columns only (for a README): one row per successful run (with a ``peer`` column and
+    the checkpoint admission when any run has a peer)."""
+    show_peer = _has_peer(records)
     header = ["run", "group", "strategy", "evict", "refresh", "cap", "interval", "ratio", "GiB", "slots",
               "hit %", "KV-only Mtok", "ckpt evicted", "peak run", "TTFT p50 s"]  # fmt: skip
+    if show_peer:
+        header = _with_peer(header, {"params": {"peer": "peer"}}, True)
+        header[5:5] = ["admission"]
+        header[-3:-3] = ["ckpt inserted"]
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in sorted(records, key=lambda r: str(r["run_id"])):
         if "error" in r:
@@ -126,6 +150,10 @@ def compact_table(records: Sequence[dict[str, Any]]) -> str:
             _pct(m["token_hit_rate"]), _mtok(m["kv_only_matched_tokens"]), str(st.get("states_evicted", "-")),
             str(m["peak_running"]), _num(m["ttft_p50_s"], 2),
         ]  # fmt: skip
+        if show_peer:
+            row = _with_peer(row, r, True)
+            row[5:5] = [p.get("mamba_checkpoint_admission", "all")]
+            row[-3:-3] = [str(st.get("checkpoints_inserted", "-"))]
         out.append("| " + " | ".join(row) + " |")
     return "\n".join(out)
 
@@ -216,7 +244,9 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
     series_keys = spec.get("series", [])
     lines: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
     finite = [r for r in runs if not r["params"].get("infinite")]
-    categories = sorted({_value(r, x_key) for r in finite}, key=lambda v: (v == -1, v))
+    categories = sorted(
+        {_value(r, x_key) for r in finite}, key=lambda v: (v is None, v == -1, 0 if v is None else v)
+    )
     for r in finite:
         name = tuple(r["params"].get(k) for k in series_keys)
         x = _value(r, x_key)
@@ -337,16 +367,23 @@ def write_report(
         lines += [definition["description"], ""]
     if ok:
         first = ok[0]
-        p, m = first["params"], first["metrics"]
+        p = first["params"]
+        by_trace: dict[str, dict[str, Any]] = {}  # one header line per workload (first run of each)
+        for r in ok:
+            by_trace.setdefault(r["params"]["trace"], r)
+        for trace, r in by_trace.items():
+            m = r["metrics"]
+            lines += [
+                f"- trace: `{trace}`, {m['requests']:,} requests ({m['input_tokens']:,} input tokens, "
+                f"{m['output_tokens']:,} output tokens); limit {r['params']['limit'] or 'none'}; mode "
+                f"{r['params']['mode']}, arrival time scale {r['params']['arrival_time_scale']}; ideal "
+                f"(longest previously seen prefix, infinite memory, no checkpoint limit) "
+                f"{100 * m['ideal_hit_rate']:.2f}% token hit rate",
+            ]
         lines += [
-            f"- trace: `{p['trace']}`, {m['requests']:,} requests ({m['input_tokens']:,} input tokens, "
-            f"{m['output_tokens']:,} output tokens); limit {p['limit'] or 'none'}",
             f"- model: {p['model']}; {first['pools']['bytes_per_kv_token']:,} B per KV token, "
             f"{first['pools']['bytes_per_state_slot']:,} B per state slot (per rank)",
-            f"- engine: mode {p['mode']}, arrival time scale {p['arrival_time_scale']}, cost model "
-            f"{p['cost']}",
-            f"- ideal (longest previously seen prefix, infinite memory, no checkpoint limit): "
-            f"{100 * m['ideal_hit_rate']:.2f}% token hit rate",
+            f"- engine cost model: {p['cost']}",
         ]
     if runtime_s is not None:
         lines.append(

@@ -22,13 +22,22 @@ from typing import Any
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
+from mamba_radix.peers import PEERS, apply_peer, peer_changes
 from mamba_radix.sim.budget import KIMI_K3_PER_RANK_BUDGET_GIB, PoolSizes, model_bytes, pools_for_budget
-from mamba_radix.sim.engine import CostModel, Engine, EngineOptions, wall_clock
+from mamba_radix.sim.engine import CostModel, Engine, EngineOptions, check_simulable, wall_clock
 from mamba_radix.sim.ideal import ideal_for
 from mamba_radix.sim.metrics import result_record
 from mamba_radix.sim.traces import TraceRequest, TraceSummary, iter_trace, scan_trace
 
-__all__ = ["RunSpec", "expand_definition", "infinite_pools", "run_one", "run_sweep", "trace_facts"]
+__all__ = [
+    "RunSpec",
+    "expand_definition",
+    "infinite_pools",
+    "peer_config",
+    "run_one",
+    "run_sweep",
+    "trace_facts",
+]
 
 CONFIG_FIELDS = {f.name for f in fields(CacheConfig)}
 COST_FIELDS = {f.name for f in fields(CostModel)}
@@ -36,10 +45,38 @@ OPTION_FIELDS = {f.name for f in fields(EngineOptions)} - {"cost"}
 BUDGET_FIELDS = {"budget_gib", "mamba_full_memory_ratio", "max_mamba_cache_size", "infinite"}
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def peer_config(fields_set: dict[str, Any], peer: str | None) -> CacheConfig:
+    """The run's :class:`CacheConfig`: ``fields_set`` (the fields the user gave), then peer ``peer``'s
+    policy applied on top (:func:`mamba_radix.peers.apply_peer`).
+
+    A field the user gave that the peer would set to another value is a contradiction, not an override:
+    :class:`ConfigError` ``"--mamba-eviction-order conflicts with --peer marconi; drop one"`` (every
+    such field named). A field given with the value the peer sets anyway is accepted. Unknown peer
+    names and invalid results raise :class:`ConfigError` too. O(fields).
+    """
+    config = CacheConfig(**fields_set)
+    if peer is None:
+        return config
+    if peer not in PEERS:
+        raise ConfigError(f"--peer must be one of {', '.join(PEERS)}, got {peer!r}")
+    changes = peer_changes(config, peer)
+    clash = [k for k in fields_set if k in changes and changes[k] != fields_set[k]]
+    if clash:
+        flags = ", ".join(_flag(k) for k in clash)
+        verb = "conflicts" if len(clash) == 1 else "conflict"
+        raise ConfigError(f"{flags} {verb} with --peer {peer}; drop one")
+    return apply_peer(config, peer)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run needs. ``infinite``: pools large enough that nothing is ever evicted (the
-    infinite-capacity ideal *for this strategy*: checkpoint positions still limit the hits)."""
+    infinite-capacity ideal *for this strategy*: checkpoint positions still limit the hits). ``peer``: a
+    preset of :data:`mamba_radix.peers.PEERS` applied over ``config`` (see :func:`peer_config`)."""
 
     run_id: str
     trace: str
@@ -56,11 +93,29 @@ class RunSpec:
     cost: dict[str, Any] = field(default_factory=dict)
     group: str = ""
     keep_timeseries: bool = True
+    peer: str | None = None
+    # a seeded synthetic workload instead of the trace file: {"generator": name in GENERATORS, "seed": int,
+    # "args": {keyword: value}}; generated inside the worker (see synthetic_requests)
+    synthetic: dict[str, Any] | None = None
+
+    def cache_config(self) -> CacheConfig:
+        """The validated config this run uses: ``config`` with ``peer`` applied. Raises ConfigError."""
+        return peer_config(self.config, self.peer)
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` now for what would fail the run at its start: an invalid config, a
+        flag against the peer, a config the simulator cannot run (page_size > 1), an unknown synthetic
+        generator. O(fields)."""
+        check_simulable(self.cache_config())
+        if self.synthetic is not None:
+            synthetic_label(self.synthetic)
 
     def params(self) -> dict[str, Any]:
-        """The flat parameters of this run, as they appear in results and tables."""
-        cfg = CacheConfig(**self.config)
+        """The flat parameters of this run, as they appear in results and tables (the config fields
+        after the peer, if any, and ``peer`` itself)."""
+        cfg = self.cache_config()
         out: dict[str, Any] = {"group": self.group, "trace": Path(self.trace).name, "limit": self.limit}
+        out["peer"] = self.peer
         out.update({f.name: getattr(cfg, f.name) for f in fields(CacheConfig)})
         out["strategy"] = cfg.strategy
         out.update(
@@ -72,6 +127,31 @@ class RunSpec:
         )
         out.update(asdict(EngineOptions(**self.options)) | {"cost": asdict(CostModel(**self.cost))})
         return out
+
+
+def synthetic_label(synthetic: dict[str, Any]) -> str:
+    """``synthetic:NAME:seed=S`` (the run's ``trace`` parameter), after checking the description:
+    ``generator`` one of :data:`mamba_radix.sim.synthetic.GENERATORS`, ``seed`` an int, ``args`` the
+    generator's keywords. Raises :class:`ConfigError`. O(1)."""
+    from mamba_radix.sim.synthetic import GENERATORS
+
+    unknown = set(synthetic) - {"generator", "seed", "args"}
+    name = synthetic.get("generator")
+    if unknown or name not in GENERATORS:
+        raise ConfigError(
+            f"synthetic workload {synthetic!r}: needs 'generator' (one of {', '.join(GENERATORS)}) and "
+            "optionally 'seed' and 'args'"
+        )
+    return f"synthetic:{name}:seed={synthetic.get('seed', 0)}"
+
+
+def synthetic_requests(synthetic: dict[str, Any], limit: int | None = None) -> list[TraceRequest]:
+    """The requests of a synthetic workload description (see :func:`synthetic_label`), first ``limit``."""
+    from mamba_radix.sim.synthetic import GENERATORS
+
+    synthetic_label(synthetic)
+    requests = GENERATORS[synthetic["generator"]](seed=synthetic.get("seed", 0), **synthetic.get("args", {}))
+    return requests[:limit] if limit else requests
 
 
 def infinite_pools(
@@ -142,7 +222,9 @@ def run_one(
     Side effects: none outside the process (builds its own pools and cache). Raises ``ConfigError`` for
     a bad configuration, ``TraceFormatError`` for a bad trace.
     """
-    config = CacheConfig(**spec.config)
+    config = spec.cache_config()
+    if requests is None and spec.synthetic is not None:
+        requests = synthetic_requests(spec.synthetic, spec.limit)
     ideal_hits: tuple[int, ...] | None = None
     if requests is not None:
         num = len(requests)
@@ -251,9 +333,13 @@ def _collect(
 
 # ------------------------------------------------------------------------------------- definitions
 def _split_params(params: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"config": {}, "options": {}, "cost": {}, "budget": {}}
+    out: dict[str, dict[str, Any]] = {"config": {}, "options": {}, "cost": {}, "budget": {}, "peer": {}}
     for key, value in params.items():
-        if key in CONFIG_FIELDS:
+        if key == "peer":
+            if value is not None and value not in PEERS:
+                raise ConfigError(f"{where}: peer must be one of {', '.join(PEERS)} or null, got {value!r}")
+            out["peer"]["peer"] = value
+        elif key in CONFIG_FIELDS:
             out["config"][key] = value
         elif key in OPTION_FIELDS:
             out["options"][key] = value
@@ -271,10 +357,15 @@ def expand_definition(definition: dict[str, Any], base_dir: str | Path = ".") ->
 
     Keys: ``trace`` (path relative to ``base_dir``), ``trace_format``, ``block_size``, ``limit``,
     ``model``, ``base`` (parameters of every run), and ``groups``: each with a ``name``, ``fixed``
-    parameters and ``vary`` (parameter -> list of values; the runs are the cartesian product). Parameters
+    parameters and ``vary`` (parameter -> list of values; the runs are the cartesian product), and
+    optionally ``synthetic`` (``{"generator", "seed", "args"}``, see :func:`synthetic_label`: the group
+    replays that seeded workload instead of the trace, and ``limit`` applies to it only if the group
+    gives its own ``limit``). Parameters
     are CacheConfig fields, EngineOptions fields, CostModel fields, or budget fields (``budget_gib``,
-    ``mamba_full_memory_ratio``, ``max_mamba_cache_size``, ``infinite``). Runs with identical parameters
-    in several groups are kept once (the first group names them). O(runs).
+    ``mamba_full_memory_ratio``, ``max_mamba_cache_size``, ``infinite``), or ``peer`` (a name of
+    :data:`mamba_radix.peers.PEERS`, or null: applied after the other parameters; a parameter the peer
+    would set to another value is refused, as on the command line). Runs with identical parameters in
+    several groups are kept once (the first group names them). O(runs).
     """
     if "trace" not in definition or "groups" not in definition:
         raise ConfigError("an experiment definition needs 'trace' and 'groups'")
@@ -290,28 +381,38 @@ def expand_definition(definition: dict[str, Any], base_dir: str | Path = ".") ->
         name = group.get("name") or f"group{len(seen)}"
         vary: dict[str, list[Any]] = group.get("vary", {})
         keys = list(vary)
+        synthetic = group.get("synthetic")
+        if synthetic is not None:
+            try:
+                label = synthetic_label(synthetic)
+            except ConfigError as err:
+                raise ConfigError(f"group {name!r}: {err}") from None
         for values in itertools.product(*(vary[k] for k in keys)):
             params = base | group.get("fixed", {}) | dict(zip(keys, values, strict=True))
             parts = _split_params(params, f"group {name!r}")
-            fingerprint = json.dumps(params, sort_keys=True)
+            fingerprint = json.dumps([params, synthetic], sort_keys=True)
             if fingerprint in seen:
                 continue
             run_id = f"{len(specs):03d}"
             seen[fingerprint] = run_id
-            CacheConfig(**parts["config"])  # validate early, with the flag name in the message
-            specs.append(
-                RunSpec(
-                    run_id=run_id,
-                    trace=trace,
-                    trace_format=definition.get("trace_format", "auto"),
-                    block_size=definition.get("block_size", 512),
-                    limit=definition.get("limit"),
-                    config=parts["config"],
-                    model=definition.get("model", "kimi-k3"),
-                    options=parts["options"],
-                    cost=parts["cost"],
-                    group=name,
-                    **parts["budget"],
-                )
+            spec = RunSpec(
+                run_id=run_id,
+                trace=trace if synthetic is None else label,
+                trace_format=definition.get("trace_format", "auto"),
+                block_size=definition.get("block_size", 512),
+                limit=definition.get("limit") if synthetic is None else group.get("limit"),
+                synthetic=synthetic,
+                config=parts["config"],
+                model=definition.get("model", "kimi-k3"),
+                options=parts["options"],
+                cost=parts["cost"],
+                group=name,
+                peer=parts["peer"].get("peer"),
+                **parts["budget"],
             )
+            try:  # validate early, with the flag name in the message
+                spec.validate()
+            except ConfigError as err:
+                raise ConfigError(f"group {name!r}: {err}") from None
+            specs.append(spec)
     return specs
