@@ -67,7 +67,10 @@ CONFIG_ERRORS = [
         r"branch_and_end needs extra_buffer .*; the model has no extra-buffer support, or use "
         r"--mamba-checkpoint-admission all",
     ),
-    ({"disaggregation_mode": "both"}, r"--disaggregation-mode must be one of null, prefill, decode, got 'both'"),
+    (
+        {"disaggregation_mode": "both"},
+        r"--disaggregation-mode must be one of null, prefill, decode, got 'both'",
+    ),
     (
         {"mamba_radix_cache_strategy": "no_buffer", "page_size": 16},
         r"no_buffer needs --page-size 1 \(got 16\); set --page-size 1 or use --mamba-radix-cache-strategy "
