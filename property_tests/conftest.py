@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci",
-    max_examples=60,
-    stateful_step_count=40,
+    max_examples=100,
+    stateful_step_count=50,
     deadline=None,
     derandomize=True,
     print_blob=True,

@@ -22,21 +22,24 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv --system-site-packages "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# Some machines list package-index folders in their pip config that do not exist; pip warns once per
+# package. Drop that one warning, keep everything else (pipefail keeps pip's exit status).
+quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     if ls /opt/wheels/torch-*+cpu-*.whl >/dev/null 2>&1; then
         echo "bootstrap: installing the CPU build of torch from the local wheel" >&2
-        "${pip[@]}" "torch==2.13.0"
+        quiet "${pip[@]}" "torch==2.13.0"
     elif command -v nvidia-smi >/dev/null 2>&1; then
         echo "bootstrap: installing torch (a GPU is present)" >&2
-        "${pip[@]}" torch
+        quiet "${pip[@]}" torch
     else
         echo "bootstrap: installing the CPU build of torch" >&2
-        "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
+        quiet "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
     fi
 fi
 
 echo "bootstrap: installing mamba_radix and its test dependencies" >&2
 # triton 3.6.0 matches the GPU machine; its CPU interpreter runs the kernel tests.
-"${pip[@]}" -e ".[test]" "triton==3.6.0; platform_system == 'Linux'"
+quiet "${pip[@]}" -e ".[test]" "triton==3.6.0; platform_system == 'Linux'"
 echo "$want" > "$STAMP"
