@@ -14,6 +14,18 @@ It runs at several KV capacities (state slots scale with them) and prints reques
 median time of each operation as a markdown table, plus the token hit rate. Timings are wall-clock,
 measured in this run only; nothing is compared against stored numbers.
 
+**Baseline, measured in the same run.** After each capacity, the exact sequence of operations our cache
+performed (one ``match(input[:-1])`` per request, one ``insert(input[:pos])`` per checkpoint it inserted,
+same keys, same order, same tuple slicing inside the timed call) is replayed through :class:`BareTrie`, a
+minimal plain-Python radix trie written below: dict children keyed by the first token, tuple edge keys,
+an edge split when a match or insert ends inside it (as our match does). It omits everything else our
+cache does: no KV index tensors (no ``torch.cat`` of the matched path, no value copies on split or leaf),
+no checkpoints or slots, no locks, no recency clock or eviction order, no size counters, no argument
+checks, no pools and no eviction (unlimited capacity: its tree only grows, so its matches can be longer
+than ours at small capacities). So it measures the bare cost of prefix matching and inserting in Python.
+The table prints the bare trie's requests/s and median match / insert times next to ours, with
+``ours/bare`` ratios: for requests/s below 1 means we are slower; for times above 1 means we are slower.
+
     .venv/bin/python benchmarks/bench_tree.py                       # default: 2,000 requests, 3 capacities
     .venv/bin/python benchmarks/bench_tree.py --num-requests 500 --capacities 262144
 """
@@ -59,6 +71,106 @@ def load_requests(path: Path, num_requests: int) -> list[tuple[int, ...]]:
     return prompts
 
 
+# ---------------------------------------------------------------------------------------------- BASELINE
+# A minimal plain-Python radix trie: the bare cost of prefix matching and inserting. NOT our cache: no KV
+# tensors, no checkpoints, no locks, no eviction order, no capacity. Kept deliberately small.
+class _BareNode:
+    __slots__ = ("children", "key")
+
+    def __init__(self, key: tuple[int, ...]) -> None:
+        self.key = key  # the edge's tokens
+        self.children: dict[int, _BareNode] = {}  # first token of the child's edge -> child
+
+
+def _bare_common_len(edge: tuple[int, ...], tokens: tuple[int, ...], start: int) -> int:
+    """Common prefix length of ``edge`` and ``tokens[start:]``: one C-level slice compare when the edge
+    matches whole, else a binary search over slice compares (O(n) C work, O(log n) Python steps)."""
+    n = min(len(edge), len(tokens) - start)
+    if edge[:n] == tokens[start : start + n]:
+        return n
+    lo, hi = 0, n  # edge[:lo] matches, edge[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if edge[lo:mid] == tokens[start + lo : start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class BareTrie:
+    """BASELINE: radix trie over token tuples. ``match`` and ``insert`` return the matched prefix length;
+    both split an edge they end inside, as SGLang's (and our) match does."""
+
+    def __init__(self) -> None:
+        self.root = _BareNode(())
+        self.num_nodes = 1
+
+    def _walk(self, tokens: tuple[int, ...]) -> tuple[_BareNode, int]:
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            n = _bare_common_len(child.key, tokens, pos)
+            if n < len(child.key):  # ends inside the edge: split it
+                mid = _BareNode(child.key[:n])
+                child.key = child.key[n:]
+                mid.children[child.key[0]] = child
+                node.children[mid.key[0]] = mid
+                self.num_nodes += 1
+                return mid, pos + n
+            node, pos = child, pos + n
+        return node, pos
+
+    def match(self, tokens: tuple[int, ...]) -> int:
+        return self._walk(tokens)[1]
+
+    def insert(self, tokens: tuple[int, ...]) -> int:
+        node, pos = self._walk(tokens)
+        if pos < len(tokens):
+            node.children[tokens[pos]] = _BareNode(tokens[pos:])
+            self.num_nodes += 1
+        return pos
+
+
+def replay_bare(prompts: list[tuple[int, ...]], ops: list[tuple[int, list[int]]]) -> dict[str, float]:
+    """BASELINE replay: ``ops`` is what :func:`replay` did, (prompt index, insert lengths) per request,
+    in order. The same calls with the same keys (sliced inside the timed region, as there)."""
+    trie = BareTrie()
+    times: dict[str, list[int]] = {"match": [], "insert": [], "slice": []}
+    clock = time.perf_counter_ns
+    input_tokens = 0
+    start = clock()
+    for i, positions in ops:
+        tokens = prompts[i]
+        t0 = clock()
+        trie.match(tokens[:-1])
+        times["match"].append(clock() - t0)
+        for position in positions:
+            t0 = clock()
+            trie.insert(tokens[:position])
+            times["insert"].append(clock() - t0)
+        input_tokens += len(tokens)
+    elapsed_s = (clock() - start) / 1e9
+    for i, _ in ops:  # context, not part of the baseline's time: what slicing the match key alone costs
+        t0 = clock()
+        _ = prompts[i][:-1]
+        times["slice"].append(clock() - t0)
+    median_us = {op: statistics.median(t) / 1e3 if t else float("nan") for op, t in times.items()}
+    return {
+        "slice_us": median_us["slice"],
+        "requests_per_s": len(ops) / elapsed_s,
+        "tokens_per_s": input_tokens / elapsed_s,
+        "match_us": median_us["match"],
+        "insert_us": median_us["insert"],
+        "matches": len(times["match"]),
+        "inserts": len(times["insert"]),
+        "nodes": trie.num_nodes,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ ours
 def checkpoint_positions(config: CacheConfig, hit: int, num_tokens: int, branching: int | None) -> list[int]:
     """Where an extra_buffer engine checkpoints a prefill of [hit, num_tokens): one per chunk."""
     chunk = config.chunked_prefill_size
@@ -70,13 +182,18 @@ def checkpoint_positions(config: CacheConfig, hit: int, num_tokens: int, branchi
     return positions
 
 
-def replay(prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int) -> dict[str, float]:
+def replay(
+    prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int
+) -> tuple[dict[str, float], list[tuple[int, list[int]]]]:
+    """Our cache. Returns the metrics and the operations done, (prompt index, insert lengths) per
+    request, for :func:`replay_bare`."""
     config = CacheConfig(mamba_radix_cache_strategy="extra_buffer")  # chunks of 8192, grid 64
     cache = MambaRadixCache.build(config, num_tokens=num_tokens, num_slots=num_slots, max_context_len=1)
     allocator, mamba_pool = cache.token_to_kv_pool_allocator, cache.mamba_pool
     times: dict[str, list[int]] = {"match": [], "insert": [], "evict": []}
     hit_tokens = input_tokens = skipped = 0
     clock = time.perf_counter_ns
+    ops: list[tuple[int, list[int]]] = []
 
     def evict(short_tokens: int, short_states: int) -> None:
         t0 = clock()
@@ -84,13 +201,15 @@ def replay(prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int) -> d
         times["evict"].append(clock() - t0)
 
     start = clock()
-    for tokens in prompts:
+    for i, tokens in enumerate(prompts):
         if len(tokens) > num_tokens:
             skipped += 1  # longer than the whole pool: an engine would reject it
             continue
         t0 = clock()
         m = cache.match_prefix(RadixKey(tokens[:-1]))
         times["match"].append(clock() - t0)
+        inserted: list[int] = []
+        ops.append((i, inserted))
         node = m.last_node
         cache.inc_lock_ref(node)
         hit = len(m.device_indices)
@@ -111,6 +230,7 @@ def replay(prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int) -> d
             t0 = clock()
             result, done = cache._insert(RadixKey(tokens[:position]), kv[:position], int(slots[0]), protected)
             times["insert"].append(clock() - t0)
+            inserted.append(position)
             if result.mamba_exists:
                 mamba_pool.free(slots)
             kv[protected:position] = cache.tree.path_values(done.node)[protected:]  # the tree's copies
@@ -126,7 +246,7 @@ def replay(prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int) -> d
     cache.check_invariants([])
     done_requests = len(prompts) - skipped
     median_us = {op: statistics.median(t) / 1e3 if t else float("nan") for op, t in times.items()}
-    return {
+    metrics = {
         "requests": done_requests,
         "requests_per_s": done_requests / elapsed_s,
         "tokens_per_s": input_tokens / elapsed_s,
@@ -140,6 +260,7 @@ def replay(prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int) -> d
         "elapsed_s": elapsed_s,
         "nodes": cache.tree.num_nodes,
     }
+    return metrics, ops
 
 
 def main() -> None:
@@ -171,18 +292,42 @@ def main() -> None:
     )
     print(
         "| KV capacity (tokens) | state slots | requests/s | tokens/s | match median (µs) | "
-        "insert median (µs) | evict median (µs) | evict calls | token hit rate | nodes at end |"
+        "insert median (µs) | evict median (µs) | evict calls | token hit rate | nodes at end | "
+        "bare trie requests/s | requests/s ours/bare | bare trie match (µs) | match ours/bare | "
+        "bare trie insert (µs) | insert ours/bare |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    summaries = []
     for capacity in (int(c) for c in args.capacities.split(",")):
         slots = max(4, capacity // args.tokens_per_slot)
-        r = replay(prompts, capacity, slots)
+        r, ops = replay(prompts, capacity, slots)
+        b = replay_bare(prompts, ops)  # the baseline, right after, on the same operations
+        assert b["matches"] == len(ops) == r["requests"] and b["inserts"] == sum(len(p) for _, p in ops)
         print(
             f"| {capacity:,} | {slots:,} | {r['requests_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
             f"{r['match_us']:.1f} | {r['insert_us']:.1f} | {r['evict_us']:.1f} | {r['evict_calls']:,} | "
-            f"{r['hit_rate']:.3f} | {r['nodes']:,} |",
+            f"{r['hit_rate']:.3f} | {r['nodes']:,} | {b['requests_per_s']:,.0f} | "
+            f"{r['requests_per_s'] / b['requests_per_s']:.2f}x | {b['match_us']:.1f} | "
+            f"{r['match_us'] / b['match_us']:.1f}x | {b['insert_us']:.1f} | "
+            f"{r['insert_us'] / b['insert_us']:.1f}x |",
             flush=True,
         )
+        summaries.append(
+            f"- {capacity:,} tokens ({b['matches']:,} matches, {b['inserts']:,} inserts on both sides): "
+            f"match: ours {r['match_us']:.1f} µs, bare trie {b['match_us']:.1f} µs, "
+            f"{r['match_us'] / b['match_us']:.1f}x (slicing the key alone: {b['slice_us']:.1f} µs); insert: ours {r['insert_us']:.1f} µs, bare trie "
+            f"{b['insert_us']:.1f} µs, {r['insert_us'] / b['insert_us']:.1f}x; requests/s: ours "
+            f"{r['requests_per_s']:,.0f}, bare trie {b['requests_per_s']:,.0f}, "
+            f"{r['requests_per_s'] / b['requests_per_s']:.2f}x (bare trie: {b['nodes']:,} nodes, never evicts)"
+        )
+    print(
+        "\nBaseline: a bare plain-Python radix trie (dict children, tuple keys) replaying the same match / "
+        "insert calls with the same keys, unlimited capacity; it omits KV tensors, checkpoints, locks, "
+        "recency and eviction order, eviction and argument checks. Our requests/s also includes the "
+        "evictions and pool alloc/free that the bare trie does not do. Times: ours/bare > 1 = slower; "
+        "requests/s: ours/bare < 1 = slower.\n"
+    )
+    print("\n".join(summaries))
 
 
 if __name__ == "__main__":
