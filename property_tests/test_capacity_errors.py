@@ -181,7 +181,7 @@ def test_bad_workloads(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match=r":1: field 'input_length': missing"):
         Workload.from_trace(trace)
     trace.write_text("[1, 2]\n")
-    with pytest.raises(TraceFormatError, match=r":1: expected a JSON object"):
+    with pytest.raises(TraceFormatError, match=r":1: a row must be a JSON object"):
         Workload.from_trace(trace)
     with pytest.raises(ConfigError, match=r"cannot read"):
         Workload.from_trace(tmp_path / "missing.jsonl")

@@ -22,7 +22,6 @@ given per request to :func:`expected_checkpoints`). ``experiments/plan_vs_sim.py
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from mamba_radix.capacity.memory import GIB, Parallelism, kv_token_bytes
 from mamba_radix.capacity.sizing import PoolResolution, SizingInputs, resolve_pools
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError, TraceFormatError
+from mamba_radix.jsonl import iter_json_objects
 
 __all__ = [
     "Balance",
@@ -121,23 +121,13 @@ class Workload:
         lengths are read), or the token format ``{"input_ids", "output_ids"}`` (their lengths).
         """
         path = Path(path)
+        shapes: list[RequestShape] = []
         try:
-            lines = path.read_text().splitlines()
+            for number, row in iter_json_objects(path):
+                lengths = (_trace_len(row, key, str(path), number) for key in ("input", "output"))
+                shapes.append(RequestShape(*lengths))
         except OSError as exc:
             raise ConfigError(f"--trace {path}: cannot read ({exc.strerror})") from None
-        shapes: list[RequestShape] = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(str(path), number, None, f"not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise TraceFormatError(str(path), number, None, "expected a JSON object")
-            shapes.append(
-                RequestShape(*(_trace_len(row, key, str(path), number) for key in ("input", "output")))
-            )
         if not shapes:
             raise ConfigError(f"--trace {path}: the file holds no request")
         return cls(tuple(shapes), str(path))

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mamba_radix.errors import TraceFormatError
+from mamba_radix.jsonl import iter_json_objects
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -180,17 +181,7 @@ class _RowReader:
         self.prev_timestamp = -math.inf
 
     def rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        with open(self.path, encoding="utf-8") as f:
-            for line_no, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise TraceFormatError(self.path, line_no, None, f"invalid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise TraceFormatError(self.path, line_no, None, "a row must be a JSON object")
-                yield line_no, row
+        return iter_json_objects(self.path)
 
     def error(self, line: int, fld: str | None, message: str) -> TraceFormatError:
         return TraceFormatError(self.path, line, fld, message)
