@@ -147,6 +147,14 @@ def mamba_evict_key(order: EvictionOrder | CheckpointOrder, node: TreeNode) -> t
     return (1, node.mamba_last_access, -node.depth, node.id)
 
 
+def _rekey(candidates: SortedList, old: tuple[int, ...] | None, new: tuple[int, ...] | None) -> None:
+    """Replace ``old`` by ``new`` in ``candidates`` (None = absent). O(log n)."""
+    if old is not None:
+        candidates.remove(old)
+    if new is not None:
+        candidates.add(new)
+
+
 class EvictionIndex:
     """The two ordered candidate sets. Every operation is O(log n) (n = candidates) except iteration.
 
@@ -173,17 +181,11 @@ class EvictionIndex:
         """Re-derive ``node``'s membership and keys from its fields. O(log n); no-op if nothing changed."""
         want_full = full_evict_key(node) if is_full_candidate(node) else None
         if want_full != node.full_evict_key:
-            if node.full_evict_key is not None:
-                self._full.remove(node.full_evict_key)
-            if want_full is not None:
-                self._full.add(want_full)
+            _rekey(self._full, node.full_evict_key, want_full)
             node.full_evict_key = want_full
         want_mamba = mamba_evict_key(self.order, node) if is_mamba_candidate(node) else None
         if want_mamba != node.mamba_evict_key:
-            if node.mamba_evict_key is not None:
-                self._mamba.remove(node.mamba_evict_key)
-            if want_mamba is not None:
-                self._mamba.add(want_mamba)
+            _rekey(self._mamba, node.mamba_evict_key, want_mamba)
             node.mamba_evict_key = want_mamba
         if want_full is None and want_mamba is None:
             self._nodes.pop(node.id, None)
