@@ -7,8 +7,10 @@ PY := .venv/bin/python
 setup:
 	@bash scripts/bootstrap.sh
 
+# Writes a new folder under experiments/results/ (git-ignored); the committed reference results are in
+# experiments/reference/default/, and the report compares its numbers with them.
 experiment: setup
-	$(PY) -m mamba_radix.cli experiment
+	$(PY) -m mamba_radix.cli experiment --out experiments/results/default-$$(date -u +%Y%m%dT%H%M%SZ)
 
 test: setup
 	$(PY) -m pytest -q

@@ -3,6 +3,9 @@
 Public API: the cache and its results, the config, the request record, the pools and the typed errors.
 """
 
+# the one place the version lives (pyproject.toml reads it from here; `mamba-radix --version` prints it)
+__version__ = "0.1.0"
+
 from mamba_radix.cache import CacheStats, EvictResult, InsertResult, MambaRadixCache, MatchResult
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import (

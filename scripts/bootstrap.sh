@@ -39,7 +39,11 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     fi
 fi
 
-echo "bootstrap: installing mamba_radix and its test dependencies" >&2
-# triton 3.6.0 matches the GPU machine; its CPU interpreter runs the kernel tests.
+echo "bootstrap: installing mamba_radix (editable) with the [test] extra: pytest, hypothesis, ruff," >&2
+echo "bootstrap:   triton 3.6.0 (its CPU interpreter runs the kernel tests), and the extras the tests use:" >&2
+echo "bootstrap:   [experiments] matplotlib + tqdm, [engine] transformers, [ray] ray (about 80 MB);" >&2
+echo "bootstrap:   about 30-90 s on a fresh machine, a few seconds when they are already there" >&2
+start=$(date +%s)
 quiet "${pip[@]}" -e ".[test]" "triton==3.6.0; platform_system == 'Linux'"
+echo "bootstrap: done in $(( $(date +%s) - start )) s" >&2
 echo "$want" > "$STAMP"

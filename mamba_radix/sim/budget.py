@@ -6,26 +6,44 @@ The simulator's only contact with the byte math: :func:`pools_for_budget` and :f
 ``--max-mamba-cache-size`` fixes them, the KV pool gets the rest). Everything else (the engine, sweeps,
 the CLI) only sees the resulting :class:`PoolSizes`.
 
-Defaults are the seeds' Kimi K3 deployment, one rank of TP8 with a bf16 MLA KV cache and bf16 KDA states
-(``--mamba-ssm-dtype bfloat16``): 27,648 B per KV token, 29,039,616 B per state slot.
+Bytes follow the model's deployment defaults (:mod:`mamba_radix.defaults`, shared with ``plan``); Kimi K3 is
+the seeds' one TP8 rank, bf16 MLA KV and bf16 KDA states: 27,648 B per KV token, 29,039,616 B per state slot.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import asdict, dataclass
 
 from mamba_radix.config import CacheConfig
+from mamba_radix.defaults import Deployment, deployment_for
 from mamba_radix.errors import ConfigError
 
-__all__ = ["KIMI_K3_PER_RANK_BUDGET_GIB", "ModelBytes", "PoolSizes", "model_bytes", "pools_for_budget"]
+__all__ = [
+    "KIMI_K3_PER_RANK_BUDGET_GIB",
+    "MAX_SIM_KV_TOKENS",
+    "MAX_SIM_STATE_SLOTS",
+    "ModelBytes",
+    "PoolSizes",
+    "check_sim_memory",
+    "exact_pools",
+    "model_bytes",
+    "pools_for_budget",
+]
 
 # Kimi K3 at TP8 on one rank, as in the seeds: 974,656 bf16 MLA tokens (25.10 GiB) + 80 bf16 state
 # slots (2.16 GiB) = 27.26 GiB of KV + state memory left after weights.
-KIMI_K3_PER_RANK_BUDGET_GIB = 27.25
-DEFAULT_TP_SIZE = 8
-DEFAULT_KV_CACHE_DTYPE = "bfloat16"
-DEFAULT_MAMBA_SSM_DTYPE = "bfloat16"
-DEFAULT_MAMBA_CONV_DTYPE = "bfloat16"
+KIMI_K3_PER_RANK_BUDGET_GIB = deployment_for("kimi-k3").memory_budget_gib
+# What one simulated run may allocate on the host: every KV token is an int64 in the allocator's free
+# list, every request row a max_context_len int32 row. 2^28 tokens (2 GiB of free list) is ~300x the
+# seeds' pool; past that a run is refused before it allocates anything (``--infinite`` sizes pools to
+# the trace instead).
+MAX_SIM_KV_TOKENS = 1 << 28
+MAX_SIM_STATE_SLOTS = 1 << 22
+# host memory one run's pools may take (GiB); MAMBA_RADIX_SIM_MEMORY_GIB raises it
+DEFAULT_SIM_MEMORY_GIB = 16.0
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -60,30 +78,46 @@ def _sizing_inputs(
     budget_gib: float | None,
     mamba_full_memory_ratio: float,
     max_mamba_cache_size: int | None,
+    deployment: Deployment,
 ) -> object:
     from mamba_radix.capacity import MemoryBudget, Parallelism, SizingInputs, load_model
 
     return SizingInputs(
         model=load_model(model),
-        parallelism=Parallelism(tp_size=DEFAULT_TP_SIZE),
+        parallelism=Parallelism(tp_size=deployment.tp_size),
         cache=config,
-        kv_cache_dtype=DEFAULT_KV_CACHE_DTYPE,
-        mamba_ssm_dtype=DEFAULT_MAMBA_SSM_DTYPE,
-        mamba_conv_dtype=DEFAULT_MAMBA_CONV_DTYPE,
+        kv_cache_dtype=deployment.kv_cache_dtype,
+        mamba_ssm_dtype=deployment.mamba_ssm_dtype,
+        mamba_conv_dtype=deployment.mamba_conv_dtype,
         budget=None if budget_gib is None else MemoryBudget(budget_gib),
         mamba_full_memory_ratio=mamba_full_memory_ratio,
         max_mamba_cache_size=max_mamba_cache_size,
     )
 
 
-def model_bytes(model: str = "kimi-k3") -> ModelBytes:
-    """Per-rank bytes of a model preset (or a model JSON file), at the default TP and dtypes."""
+def model_bytes(model: str = "kimi-k3", deployment: Deployment | None = None) -> ModelBytes:
+    """Per-rank bytes of a model preset (or a model JSON file), at its deployment's TP and dtypes
+    (:func:`mamba_radix.defaults.deployment_for`, the same defaults ``plan`` uses)."""
     from mamba_radix.capacity import Parallelism, kv_token_bytes, load_model, state_slot_bytes
 
-    spec, par = load_model(model), Parallelism(tp_size=DEFAULT_TP_SIZE)
-    kv = kv_token_bytes(spec, par, DEFAULT_KV_CACHE_DTYPE)
-    state = state_slot_bytes(spec, par, DEFAULT_MAMBA_SSM_DTYPE, DEFAULT_MAMBA_CONV_DTYPE)
+    dep = deployment or deployment_for(model)
+    spec, par = load_model(model), Parallelism(tp_size=dep.tp_size)
+    kv = kv_token_bytes(spec, par, dep.kv_cache_dtype)
+    state = state_slot_bytes(spec, par, dep.mamba_ssm_dtype, dep.mamba_conv_dtype)
     return ModelBytes(model, int(kv.bytes_per_token), int(state.slot_bytes))
+
+
+def _check_pool_limits(kv_tokens: int, state_slots: int, what: str) -> None:
+    if kv_tokens > MAX_SIM_KV_TOKENS:
+        raise ConfigError(
+            f"{what} gives {kv_tokens:,} KV tokens, more than the simulator's limit of {MAX_SIM_KV_TOKENS:,}; "
+            "lower it (or use infinite pools, sized to the trace)"
+        )
+    if state_slots > MAX_SIM_STATE_SLOTS:
+        raise ConfigError(
+            f"{what} gives {state_slots:,} state slots, more than the simulator's limit of "
+            f"{MAX_SIM_STATE_SLOTS:,}; lower it"
+        )
 
 
 def pools_for_budget(
@@ -92,28 +126,38 @@ def pools_for_budget(
     mamba_full_memory_ratio: float = 0.9,
     max_mamba_cache_size: int | None = None,
     model: str = "kimi-k3",
+    deployment: Deployment | None = None,
 ) -> PoolSizes:
     """Split ``budget_gib`` between state slots and KV tokens as SGLang does (via
-    :func:`mamba_radix.capacity.resolve_pools`). No side effects.
+    :func:`mamba_radix.capacity.resolve_pools`), at ``deployment`` (default: the model's). No side
+    effects.
 
-    Raises :class:`ConfigError` when the budget buys no slot for a running request or no KV token.
+    Raises :class:`ConfigError` when the budget buys no slot for a running request or no KV token, or
+    more than the simulator can hold (:data:`MAX_SIM_KV_TOKENS`, :data:`MAX_SIM_STATE_SLOTS`).
     """
     from mamba_radix.capacity import resolve_pools
 
-    if not budget_gib > 0:
-        raise ConfigError(f"--memory-budget-gb must be > 0 (GiB), got {budget_gib}")
+    if not (isinstance(budget_gib, (int, float)) and 0 < budget_gib < math.inf):
+        raise ConfigError(f"budget_gib must be a finite number > 0 (GiB), got {budget_gib!r}")
+    dep = deployment or deployment_for(model)
+    mb = model_bytes(model, dep)
+    # refuse before the planner sizes anything: a budget that buys more tokens than a run can hold
+    rough_tokens = int(budget_gib * GIB / max(1, mb.bytes_per_kv_token))
+    if rough_tokens > 4 * MAX_SIM_KV_TOKENS:
+        _check_pool_limits(rough_tokens, 0, f"budget_gib {budget_gib:g}")
     res = resolve_pools(
-        _sizing_inputs(config, model, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size)  # type: ignore[arg-type]
+        _sizing_inputs(config, model, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, dep)  # type: ignore[arg-type]
     )
     slots, tokens = int(res.num_slots), int(res.num_tokens or 0)
     running = config.max_running_requests(slots)
     if running < 1:
         raise ConfigError(
-            f"{budget_gib} GiB at --mamba-full-memory-ratio {mamba_full_memory_ratio} buys {slots} state slots, "
+            f"{budget_gib} GiB at mamba_full_memory_ratio {mamba_full_memory_ratio} buys {slots} state slots, "
             f"fewer than the {config.slots_per_request} one running request reserves; raise the ratio or budget"
         )
     if tokens < 1:
-        raise ConfigError(f"{budget_gib} GiB leaves no memory for KV tokens; lower --max-mamba-cache-size")
+        raise ConfigError(f"{budget_gib} GiB leaves no memory for KV tokens; lower max_mamba_cache_size")
+    _check_pool_limits(tokens, slots, f"budget_gib {budget_gib:g}")
     return PoolSizes(
         kv_tokens=tokens,
         state_slots=slots,
@@ -124,3 +168,67 @@ def pools_for_budget(
         bytes_per_state_slot=int(res.bytes_per_slot),
         model=model,
     )
+
+
+def exact_pools(
+    config: CacheConfig,
+    kv_tokens: int,
+    state_slots: int,
+    model: str = "kimi-k3",
+    deployment: Deployment | None = None,
+) -> PoolSizes:
+    """Pools of exactly ``kv_tokens`` KV tokens and ``state_slots`` state slots (no budget split); the
+    budget and ratio recorded are what they take at the model's bytes. No side effects.
+
+    Raises :class:`ConfigError` for sizes below 1, not integers, or beyond the simulator's limits, and
+    when the slots admit no running request."""
+    for name, value in (("kv_tokens", kv_tokens), ("state_slots", state_slots)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    _check_pool_limits(kv_tokens, state_slots, f"kv_tokens {kv_tokens:,} / state_slots {state_slots:,}")
+    running = config.max_running_requests(state_slots)
+    if running < 1:
+        raise ConfigError(
+            f"state_slots {state_slots} admit no running request ({config.slots_per_request} per request "
+            f"with strategy {config.strategy}); give at least {config.slots_per_request}"
+        )
+    mb = model_bytes(model, deployment)
+    kv_bytes, state_bytes = kv_tokens * mb.bytes_per_kv_token, state_slots * mb.bytes_per_state_slot
+    return PoolSizes(
+        kv_tokens=kv_tokens,
+        state_slots=state_slots,
+        max_running_requests=running,
+        budget_gib=(kv_bytes + state_bytes) / GIB,
+        mamba_full_memory_ratio=state_bytes / kv_bytes,
+        bytes_per_kv_token=mb.bytes_per_kv_token,
+        bytes_per_state_slot=mb.bytes_per_state_slot,
+        model=model,
+    )
+
+
+def sim_memory_bytes(
+    pools: PoolSizes, config: CacheConfig, max_context_len: int, max_rows: int | None
+) -> int:
+    """Host bytes the simulator's pools take for one run, roughly: the KV free list (8 B per token) and
+    the request table (rows x (max_context_len + 1) int32). O(1)."""
+    rows = config.max_running_requests(pools.state_slots)
+    if max_rows is not None:
+        rows = min(rows, max_rows)
+    return 8 * pools.kv_tokens + 4 * rows * (max_context_len + 1)
+
+
+def check_sim_memory(
+    pools: PoolSizes, config: CacheConfig, max_context_len: int, max_rows: int | None = None
+) -> None:
+    """Refuse (:class:`ConfigError`) a run whose pools would take more host memory than
+    ``MAMBA_RADIX_SIM_MEMORY_GIB`` (default 16 GiB), before anything is allocated. O(1)."""
+    limit_gib = float(os.environ.get("MAMBA_RADIX_SIM_MEMORY_GIB", DEFAULT_SIM_MEMORY_GIB))
+    need = sim_memory_bytes(pools, config, max_context_len, max_rows)
+    if need > limit_gib * GIB:
+        rows = config.max_running_requests(pools.state_slots)
+        raise ConfigError(
+            f"this run's pools would take {need / GIB:,.1f} GiB of host memory ({pools.kv_tokens:,} KV tokens, "
+            f"{rows:,} request rows x {max_context_len + 1:,} tokens), more than the {limit_gib:g} GiB limit; "
+            "lower the budget, max_running_requests or the trace's longest request "
+            "(or raise MAMBA_RADIX_SIM_MEMORY_GIB)"
+        )

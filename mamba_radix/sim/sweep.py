@@ -4,7 +4,11 @@ expansion of an experiment definition into runs (:func:`expand_definition`).
 A :class:`RunSpec` is plain data (picklable, JSON-able): the trace file and how much of it, the cache
 config fields, the memory budget, the engine options. Each worker process streams the trace itself, so
 nothing large crosses process boundaries; results come back as one dict per run (see
-:func:`mamba_radix.sim.metrics.result_record`) and are appended to a JSON-lines file as they finish.
+:func:`mamba_radix.sim.metrics.result_record`) and are written to a new JSON-lines file as they finish.
+
+Backends: ``local`` (a pool of spawned processes on this machine, the default) and ``ray`` (each run a
+Ray task; :mod:`mamba_radix.sim.ray_backend`). Both stream records as runs finish and report progress in
+finished requests per run; the records are the same whatever the backend (only ``wall_s`` differs).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import functools
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import queue as queue_mod
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from multiprocessing import get_context
 from pathlib import Path
@@ -23,17 +29,28 @@ from typing import Any
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 from mamba_radix.peers import PEERS, apply_peer, peer_changes
-from mamba_radix.sim.budget import KIMI_K3_PER_RANK_BUDGET_GIB, PoolSizes, model_bytes, pools_for_budget
+from mamba_radix.sim.budget import (
+    KIMI_K3_PER_RANK_BUDGET_GIB,
+    PoolSizes,
+    check_sim_memory,
+    exact_pools,
+    model_bytes,
+    pools_for_budget,
+)
 from mamba_radix.sim.engine import CostModel, Engine, EngineOptions, check_simulable, wall_clock
 from mamba_radix.sim.ideal import ideal_for
 from mamba_radix.sim.metrics import result_record
 from mamba_radix.sim.traces import TraceRequest, TraceSummary, iter_trace, scan_trace
 
 __all__ = [
+    "BACKENDS",
+    "DefinitionError",
     "RunSpec",
+    "count_requests",
     "expand_definition",
     "infinite_pools",
     "peer_config",
+    "resolve_trace",
     "run_one",
     "run_sweep",
     "trace_facts",
@@ -42,7 +59,26 @@ __all__ = [
 CONFIG_FIELDS = {f.name for f in fields(CacheConfig)}
 COST_FIELDS = {f.name for f in fields(CostModel)}
 OPTION_FIELDS = {f.name for f in fields(EngineOptions)} - {"cost"}
-BUDGET_FIELDS = {"budget_gib", "mamba_full_memory_ratio", "max_mamba_cache_size", "infinite"}
+BUDGET_FIELDS = {
+    "budget_gib",
+    "mamba_full_memory_ratio",
+    "max_mamba_cache_size",
+    "infinite",
+    "kv_tokens",
+    "state_slots",
+}
+BACKENDS = ("local", "ray")
+# a worker reports a run's finished requests at most this often (seconds): progress without chatter
+PROGRESS_EVERY_S = 0.5
+
+
+class DefinitionError(ConfigError):
+    """An experiment definition with problems: ``problems`` holds one line per problem (all of them,
+    found before anything runs); the message is those lines."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
 
 
 def _flag(name: str) -> str:
@@ -89,6 +125,9 @@ class RunSpec:
     max_mamba_cache_size: int | None = None
     model: str = "kimi-k3"
     infinite: bool = False
+    # exact pool sizes (both or neither): instead of splitting budget_gib
+    kv_tokens: int | None = None
+    state_slots: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
     group: str = ""
@@ -109,6 +148,11 @@ class RunSpec:
         check_simulable(self.cache_config())
         if self.synthetic is not None:
             synthetic_label(self.synthetic)
+        if (self.kv_tokens is None) != (self.state_slots is None):
+            raise ConfigError("kv_tokens and state_slots size the pools together: give both or neither")
+        if self.kv_tokens is not None and self.infinite:
+            raise ConfigError("infinite pools and exact kv_tokens/state_slots exclude each other; drop one")
+        EngineOptions(cost=CostModel(**self.cost), **self.options)  # bad options fail here, not mid-sweep
 
     def params(self) -> dict[str, Any]:
         """The flat parameters of this run, as they appear in results and tables (the config fields
@@ -124,6 +168,8 @@ class RunSpec:
             max_mamba_cache_size=self.max_mamba_cache_size,
             model=self.model,
             infinite=self.infinite,
+            kv_tokens=self.kv_tokens,
+            state_slots=self.state_slots,
         )
         out.update(asdict(EngineOptions(**self.options)) | {"cost": asdict(CostModel(**self.cost))})
         return out
@@ -211,6 +257,73 @@ def _engine_options(spec: RunSpec, infinite_rows: bool) -> EngineOptions:
     return EngineOptions(cost=CostModel(**spec.cost), **opts)
 
 
+def resolve_trace(trace: str, base_dir: str | Path | None = None) -> str:
+    """The file a run's ``trace`` names: an absolute path as it is; a relative one against ``base_dir``
+    (a definition's folder; the current folder when None) when that file exists; otherwise the bundled
+    trace of that file name (:func:`mamba_radix.data.trace_path`) when there is one; otherwise the path
+    against ``base_dir`` (which does not exist: the caller reports it). O(1) filesystem look-ups."""
+    if trace.startswith("synthetic:") or os.path.isabs(trace):
+        return trace
+    local = Path(base_dir or ".") / trace
+    if local.is_file():
+        return str(local.resolve())
+    from mamba_radix.data import bundled_traces, trace_path
+
+    name = Path(trace).name
+    if name in bundled_traces():
+        return str(trace_path(name))
+    return str(local.absolute())
+
+
+def _local_trace(trace: str) -> str:
+    """``trace`` on this machine: on another node of a cluster the driver's path may not exist, but a
+    bundled trace is found in this node's installed package by its name."""
+    if os.path.isfile(trace) or trace.startswith("synthetic:"):
+        return trace
+    from mamba_radix.data import bundled_traces, trace_path
+
+    return str(trace_path(Path(trace).name)) if Path(trace).name in bundled_traces() else trace
+
+
+def trace_problem(trace: str) -> str | None:
+    """Why ``trace`` cannot be read (missing, a folder, unreadable), or None. O(1)."""
+    if trace.startswith("synthetic:"):
+        return None
+    if os.path.isdir(trace):
+        return f"trace {trace} is a folder, not a trace file"
+    if not os.path.isfile(trace):
+        return f"trace file not found: {trace}"
+    if not os.access(trace, os.R_OK):
+        return f"trace file not readable: {trace}"
+    return None
+
+
+def count_requests(spec: RunSpec) -> int:
+    """How many requests ``spec`` replays (for progress totals): the synthetic workload's size or one
+    cheap pass over the trace (memoised per file). Raises ``TraceFormatError`` for a bad trace."""
+    if spec.synthetic is not None:
+        return len(synthetic_requests(spec.synthetic, spec.limit))
+    return _count_trace(_local_trace(spec.trace), spec.trace_format, spec.block_size, spec.limit)
+
+
+@functools.lru_cache(maxsize=16)
+def _count_trace(path: str, fmt: str, block_size: int, limit: int | None) -> int:
+    return scan_trace(path, fmt, block_size, limit).num_requests  # type: ignore[arg-type]
+
+
+def spec_pools(
+    spec: RunSpec, config: CacheConfig, input_tokens: int, output_tokens: int, num_requests: int
+) -> PoolSizes:
+    """The pools of a run: infinite, exact (``kv_tokens`` and ``state_slots``) or split from the budget."""
+    if spec.infinite:
+        return infinite_pools(config, input_tokens, output_tokens, num_requests, spec.model)
+    if spec.kv_tokens is not None and spec.state_slots is not None:
+        return exact_pools(config, spec.kv_tokens, spec.state_slots, spec.model)
+    return pools_for_budget(
+        config, spec.budget_gib, spec.mamba_full_memory_ratio, spec.max_mamba_cache_size, spec.model
+    )
+
+
 def run_one(
     spec: RunSpec,
     progress: Callable[[int], None] | None = None,
@@ -218,11 +331,14 @@ def run_one(
 ) -> dict[str, Any]:
     """Run one configuration to the end and return its results record.
 
-    ``requests`` replays an in-memory trace instead of ``spec.trace`` (tests, synthetic workloads).
+    ``requests`` replays an in-memory trace instead of ``spec.trace`` (tests, synthetic workloads);
+    ``progress(n)`` is called with the number of finished requests after each one finishes.
     Side effects: none outside the process (builds its own pools and cache). Raises ``ConfigError`` for
-    a bad configuration, ``TraceFormatError`` for a bad trace.
+    a bad configuration or pools too large to simulate (before allocating them), ``TraceFormatError``
+    for a bad trace.
     """
     config = spec.cache_config()
+    trace = _local_trace(spec.trace)
     if requests is None and spec.synthetic is not None:
         requests = synthetic_requests(spec.synthetic, spec.limit)
     ideal_hits: tuple[int, ...] | None = None
@@ -232,25 +348,22 @@ def run_one(
         out_tok = sum(r.output_len for r in requests)
         max_len = max(r.input_len + r.output_len for r in requests)
     else:
-        summary, ideal_hits = trace_facts(spec.trace, spec.trace_format, spec.block_size, spec.limit)
+        summary, ideal_hits = trace_facts(trace, spec.trace_format, spec.block_size, spec.limit)
         num, in_tok, out_tok, max_len = (
             summary.num_requests,
             summary.input_tokens,
             summary.output_tokens,
             summary.max_seq_len,
         )
-    if spec.infinite:
-        pools = infinite_pools(config, in_tok, out_tok, num, spec.model)
-    else:
-        pools = pools_for_budget(
-            config, spec.budget_gib, spec.mamba_full_memory_ratio, spec.max_mamba_cache_size, spec.model
-        )
+    pools = spec_pools(spec, config, in_tok, out_tok, num)
+    options = _engine_options(spec, spec.infinite)
+    check_sim_memory(pools, config, max_len, options.max_running_requests)
     start = wall_clock()
-    engine = Engine(config, pools, max_len, _engine_options(spec, spec.infinite))
+    engine = Engine(config, pools, max_len, options)
     source = (
         requests
         if requests is not None
-        else iter_trace(spec.trace, spec.trace_format, spec.block_size, spec.limit)
+        else iter_trace(trace, spec.trace_format, spec.block_size, spec.limit)
     )  # type: ignore[arg-type]
     metrics = engine.run(source, total=num, on_finish=progress, ideal_hits=ideal_hits)
     wall_s = wall_clock() - start
@@ -266,17 +379,58 @@ def run_one(
     )
 
 
-def _worker_init() -> None:
+# progress channel of a worker process: set by _worker_init (a queue the parent drains)
+_PROGRESS_QUEUE: Any = None
+
+
+def _worker_init(progress_queue: Any = None) -> None:
     import torch
 
+    global _PROGRESS_QUEUE
+    _PROGRESS_QUEUE = progress_queue
     torch.set_num_threads(1)  # the sweep's parallelism is across processes
 
 
-def _run_safely(spec: RunSpec) -> dict[str, Any]:
+def _throttled(run_id: str, put: Callable[[tuple[str, int]], None]) -> Callable[[int], None]:
+    """A progress callback that forwards ``(run_id, finished)`` at most every PROGRESS_EVERY_S."""
+    last = [0.0]
+
+    def report(finished: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S:
+            last[0] = now
+            put((run_id, finished))
+
+    return report
+
+
+def _run_safely(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """``run_one``, with a failure turned into a record with an ``error`` field (the sweep goes on).
+
+    Only the library's own errors (bad configuration or trace) are expected; anything else is a bug and
+    its record says so with the exception type."""
+    if progress is None and _PROGRESS_QUEUE is not None:
+        progress = _throttled(spec.run_id, _PROGRESS_QUEUE.put)
     try:
-        return run_one(spec)
-    except Exception as exc:  # a failed run is reported as a record, the sweep goes on
+        return run_one(spec, progress=progress)
+    except Exception as exc:
         return {"run_id": spec.run_id, "params": spec.params(), "error": f"{type(exc).__name__}: {exc}"}
+
+
+def open_results(path: str | Path, overwrite: bool = False) -> Any:
+    """Open a new results file for writing. Refuses (:class:`ConfigError`) an existing file unless
+    ``overwrite``, a missing parent folder, a folder given as the file. Side effects: creates the file."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"results file {target} is a folder; name a file")
+    if not target.parent.is_dir():
+        raise ConfigError(f"folder {target.parent} of results file {target.name} does not exist; create it")
+    if target.exists() and not overwrite:
+        raise ConfigError(f"results file {target} exists; pick a new name or pass overwrite (--force)")
+    try:
+        return open(target, "w" if overwrite else "x", encoding="utf-8")  # the caller closes it
+    except OSError as exc:
+        raise ConfigError(f"cannot write results file {target}: {exc.strerror}") from None
 
 
 def run_sweep(
@@ -284,37 +438,83 @@ def run_sweep(
     jobs: int = 2,
     out_path: str | Path | None = None,
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[str, int], None] | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run ``specs`` in ``jobs`` processes (spawned), longest-expected first; append each record to
-    ``out_path`` (JSON lines) as it finishes. Returns the records in ``specs`` order.
+    """Run ``specs`` and return their records in ``specs`` order.
 
-    A run that raises becomes a record with an ``error`` field. Side effects: writes ``out_path``.
+    ``backend="local"``: ``jobs`` spawned processes (in this process when 1), longest-expected first;
+    ``backend="ray"``: each run a Ray task on the cluster at ``ray_address`` (or ``RAY_ADDRESS``; a
+    local instance when neither), ``jobs`` ignored. Records are appended to ``out_path`` (JSON lines, a
+    new file: an existing one is refused unless ``overwrite``) and passed to ``on_done`` as each run
+    finishes; ``on_progress(run_id, finished_requests)`` is called while runs go on (at most every
+    PROGRESS_EVERY_S per run). A run that raises becomes a record with an ``error`` field.
+    Side effects: writes ``out_path``; the ray backend may start a local Ray instance.
     """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        raise ConfigError(f"jobs must be >= 1, got {jobs}")
     order = {s.run_id: i for i, s in enumerate(specs)}
     if len(order) != len(specs):
         raise ConfigError("run ids in a sweep must be unique")
     records: dict[str, dict[str, Any]] = {}
-    sink = open(out_path, "w", encoding="utf-8") if out_path else None  # noqa: SIM115 - closed below
+    sink = open_results(out_path, overwrite) if out_path else None
+    # infinite and large-memory runs first: they are the slowest, start them early
+    queue = sorted(specs, key=lambda s: (not s.infinite, -s.budget_gib))
     try:
-        if jobs == 1:
+
+        def collect(rec: dict[str, Any]) -> None:
+            _collect(rec, records, sink, on_done)
+
+        if backend == "ray":
+            from mamba_radix.sim.ray_backend import run_on_ray
+
+            run_on_ray(queue, collect, on_progress, ray_address)
+        elif jobs == 1:
             _worker_init()
-            done: Iterator[dict[str, Any]] = (_run_safely(s) for s in specs)
-            for rec in done:
-                _collect(rec, records, sink, on_done)
+            for s in specs:
+                progress = None if on_progress is None else _throttled(s.run_id, lambda m: on_progress(*m))
+                collect(_run_safely(s, progress))
         else:
-            # infinite and large-memory runs first: they are the slowest, start them early
-            queue = sorted(specs, key=lambda s: (not s.infinite, -s.budget_gib))
-            ctx = get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
-                futures = [pool.submit(_run_safely, s) for s in queue]
-                for fut in as_completed(futures):
-                    _collect(fut.result(), records, sink, on_done)
+            _run_local_pool(queue, jobs, collect, on_progress)
     finally:
         if sink:
             sink.close()
     return sorted(records.values(), key=lambda r: order[r["run_id"]])
+
+
+def _run_local_pool(
+    queue: Sequence[RunSpec],
+    jobs: int,
+    collect: Callable[[dict[str, Any]], None],
+    on_progress: Callable[[str, int], None] | None,
+) -> None:
+    ctx = get_context("spawn")
+    progress_queue = ctx.Queue() if on_progress is not None else None
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(progress_queue,)
+    ) as pool:
+        pending = {pool.submit(_run_safely, s) for s in queue}
+        while pending:
+            done, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+            _drain(progress_queue, on_progress)
+            for fut in done:
+                collect(fut.result())
+    _drain(progress_queue, on_progress)
+
+
+def _drain(progress_queue: Any, on_progress: Callable[[str, int], None] | None) -> None:
+    if progress_queue is None or on_progress is None:
+        return
+    while True:
+        try:
+            run_id, finished = progress_queue.get_nowait()
+        except queue_mod.Empty:
+            return
+        on_progress(run_id, finished)
 
 
 def _collect(
@@ -332,12 +532,13 @@ def _collect(
 
 
 # ------------------------------------------------------------------------------------- definitions
-def _split_params(params: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+def _split_params(params: dict[str, Any], where: str, problems: list[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {"config": {}, "options": {}, "cost": {}, "budget": {}, "peer": {}}
     for key, value in params.items():
         if key == "peer":
             if value is not None and value not in PEERS:
-                raise ConfigError(f"{where}: peer must be one of {', '.join(PEERS)} or null, got {value!r}")
+                problems.append(f"{where}: peer must be one of {', '.join(PEERS)} or null, got {value!r}")
+                continue
             out["peer"]["peer"] = value
         elif key in CONFIG_FIELDS:
             out["config"][key] = value
@@ -348,71 +549,140 @@ def _split_params(params: dict[str, Any], where: str) -> dict[str, dict[str, Any
         elif key in BUDGET_FIELDS:
             out["budget"][key] = value
         else:
-            raise ConfigError(f"{where}: unknown parameter {key!r}")
+            problems.append(f"{where}: unknown parameter {key!r}")
     return out
 
 
-def expand_definition(definition: dict[str, Any], base_dir: str | Path = ".") -> list[RunSpec]:
-    """Turn an experiment definition (see ``experiments/default.json``) into run specs.
+_DEFINITION_KEYS = {
+    "title", "description", "trace", "trace_format", "block_size", "limit", "model", "base", "groups",
+    "plots", "reference",
+}  # fmt: skip
 
-    Keys: ``trace`` (path relative to ``base_dir``), ``trace_format``, ``block_size``, ``limit``,
-    ``model``, ``base`` (parameters of every run), and ``groups``: each with a ``name``, ``fixed``
-    parameters and ``vary`` (parameter -> list of values; the runs are the cartesian product), and
-    optionally ``synthetic`` (``{"generator", "seed", "args"}``, see :func:`synthetic_label`: the group
-    replays that seeded workload instead of the trace, and ``limit`` applies to it only if the group
-    gives its own ``limit``). Parameters
-    are CacheConfig fields, EngineOptions fields, CostModel fields, or budget fields (``budget_gib``,
-    ``mamba_full_memory_ratio``, ``max_mamba_cache_size``, ``infinite``), or ``peer`` (a name of
-    :data:`mamba_radix.peers.PEERS`, or null: applied after the other parameters; a parameter the peer
-    would set to another value is refused, as on the command line). Runs with identical parameters in
-    several groups are kept once (the first group names them). O(runs).
+
+def load_definition(path: str | Path) -> dict[str, Any]:
+    """Read an experiment definition JSON file. Raises :class:`ConfigError` naming the file (missing,
+    a folder, not JSON, not an object). No side effects."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"experiment definition {p} is a folder, not a JSON file")
+    if not p.is_file():
+        raise ConfigError(f"experiment definition not found: {p}")
+    try:
+        definition = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read ({exc})") from None
+    if not isinstance(definition, dict):
+        raise ConfigError(f"{p}: an experiment definition is a JSON object")
+    return definition
+
+
+def expand_definition(
+    definition: dict[str, Any], base_dir: str | Path = ".", check_traces: bool = False
+) -> list[RunSpec]:
+    """Turn an experiment definition (see ``mamba_radix/data/experiments/default.json``) into run specs,
+    after checking all of it: every problem (a missing key, an unknown parameter, an invalid value, a
+    trace that does not exist, a bad plot) is one line of one :class:`DefinitionError`, so nothing runs
+    and no partial report is written for a definition that cannot complete.
+
+    Keys: ``trace`` (a path relative to ``base_dir``, the definition's folder, or the file name of a
+    bundled trace: see :func:`resolve_trace`), ``trace_format``, ``block_size``, ``limit``, ``model``,
+    ``base`` (parameters of every run), and ``groups``: each with a ``name``, ``fixed`` parameters and
+    ``vary`` (parameter -> list of values; the runs are the cartesian product), and optionally
+    ``synthetic`` (``{"generator", "seed", "args"}``, see :func:`synthetic_label`: the group replays that
+    seeded workload instead of the trace, and ``limit`` applies to it only if the group gives its own
+    ``limit``). Parameters are CacheConfig fields, EngineOptions fields, CostModel fields, or budget
+    fields (``budget_gib``, ``mamba_full_memory_ratio``, ``max_mamba_cache_size``, ``infinite``,
+    ``kv_tokens`` and ``state_slots``), or ``peer`` (a name of :data:`mamba_radix.peers.PEERS`, or null:
+    applied after the other parameters; a parameter the peer would set to another value is refused, as on
+    the command line). Runs with identical parameters in several groups are kept once (the first group
+    names them). Also ``plots`` (checked: each needs ``file``) and ``reference`` (a results file, for the
+    report's comparison). ``check_traces``: also report a trace file that does not exist or is not a
+    file (the command line always checks). O(runs), plus one stat per trace.
     """
-    if "trace" not in definition or "groups" not in definition:
-        raise ConfigError("an experiment definition needs 'trace' and 'groups'")
-    trace = (
-        str((Path(base_dir) / definition["trace"]).resolve())
-        if not os.path.isabs(definition["trace"])
-        else definition["trace"]
-    )
+    problems: list[str] = []
+    if not isinstance(definition, dict):
+        raise DefinitionError(["an experiment definition is a JSON object"])
+    for key in ("trace", "groups"):
+        if key not in definition:
+            problems.append(f"an experiment definition needs {key!r}")
+    unknown = sorted(set(definition) - _DEFINITION_KEYS)
+    if unknown:
+        problems.append(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(_DEFINITION_KEYS))}"
+        )
+    groups = definition.get("groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        problems.append("'groups' must be a list of objects")
+        groups = []
+    trace = resolve_trace(str(definition.get("trace", "")), base_dir) if "trace" in definition else ""
+    limit = definition.get("limit")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        problems.append(f"'limit' must be a positive integer or null, got {limit!r}")
+    uses_trace = any(g.get("synthetic") is None for g in groups)
+    if check_traces and uses_trace and trace:
+        problem = trace_problem(trace)
+        if problem:
+            problems.append(f"{problem} (from 'trace': {definition['trace']!r})")
+    for i, plot in enumerate(definition.get("plots", []) or []):
+        if not isinstance(plot, dict) or not plot.get("file"):
+            problems.append(f"plot {i}: needs a 'file' (the PNG name)")
     base = dict(definition.get("base", {}))
     specs: list[RunSpec] = []
     seen: dict[str, str] = {}
-    for group in definition["groups"]:
-        name = group.get("name") or f"group{len(seen)}"
+    for gi, group in enumerate(groups):
+        name = group.get("name") or f"group{gi}"
+        where = f"group {name!r}"
         vary: dict[str, list[Any]] = group.get("vary", {})
+        if not isinstance(vary, dict) or not all(isinstance(v, list) and v for v in vary.values()):
+            problems.append(f"{where}: 'vary' maps each parameter to a non-empty list of values")
+            continue
         keys = list(vary)
         synthetic = group.get("synthetic")
+        label = ""
         if synthetic is not None:
             try:
                 label = synthetic_label(synthetic)
             except ConfigError as err:
-                raise ConfigError(f"group {name!r}: {err}") from None
+                problems.append(f"{where}: {err}")
+                continue
         for values in itertools.product(*(vary[k] for k in keys)):
             params = base | group.get("fixed", {}) | dict(zip(keys, values, strict=True))
-            parts = _split_params(params, f"group {name!r}")
+            before = len(problems)
+            parts = _split_params(params, where, problems)
+            if len(problems) > before:
+                break  # the same unknown parameter in every combination: say it once
             fingerprint = json.dumps([params, synthetic], sort_keys=True)
             if fingerprint in seen:
                 continue
             run_id = f"{len(specs):03d}"
             seen[fingerprint] = run_id
-            spec = RunSpec(
-                run_id=run_id,
-                trace=trace if synthetic is None else label,
-                trace_format=definition.get("trace_format", "auto"),
-                block_size=definition.get("block_size", 512),
-                limit=definition.get("limit") if synthetic is None else group.get("limit"),
-                synthetic=synthetic,
-                config=parts["config"],
-                model=definition.get("model", "kimi-k3"),
-                options=parts["options"],
-                cost=parts["cost"],
-                group=name,
-                peer=parts["peer"].get("peer"),
-                **parts["budget"],
-            )
-            try:  # validate early, with the flag name in the message
-                spec.validate()
+            try:
+                spec = RunSpec(
+                    run_id=run_id,
+                    trace=trace if synthetic is None else label,
+                    trace_format=definition.get("trace_format", "auto"),
+                    block_size=definition.get("block_size", 512),
+                    limit=limit if synthetic is None else group.get("limit"),
+                    synthetic=synthetic,
+                    config=parts["config"],
+                    model=definition.get("model", "kimi-k3"),
+                    options=parts["options"],
+                    cost=parts["cost"],
+                    group=name,
+                    peer=parts["peer"].get("peer"),
+                    **parts["budget"],
+                )
+                spec.validate()  # early, with the flag name in the message
             except ConfigError as err:
-                raise ConfigError(f"group {name!r}: {err}") from None
+                problem = f"{where}: {err}"
+                if problem not in problems:
+                    problems.append(problem)
+                continue
             specs.append(spec)
+    if not specs and not problems:
+        problems.append("the definition has no runs (every group is empty)")
+    if problems:
+        raise DefinitionError(problems)
     return specs
