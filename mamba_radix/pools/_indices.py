@@ -7,6 +7,7 @@ A failed check raises before the caller has changed anything, so a refused call 
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,18 +17,22 @@ from mamba_radix.errors import InvalidArgument, InvalidIndex
 
 __all__ = [
     "IndexLike",
+    "allocate_tensor",
     "as_index_tensor",
     "check_allocated",
     "check_count",
+    "check_fits",
     "check_in_range",
     "check_no_duplicates",
     "check_size",
+    "check_slot_int",
     "resolve_device",
 ]
 
 IndexLike = torch.Tensor | int | Sequence[int]
 
 _INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def check_count(value: object, what: str) -> int:
@@ -44,12 +49,74 @@ def check_size(value: object, what: str) -> int:
     return value
 
 
+def check_slot_int(value: object, what: str) -> int:
+    """``value`` as a plain Python int (``operator.index``: ints, numpy ints; not bools, floats or
+    strings), or :class:`InvalidArgument` naming ``what``. O(1)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgument(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a :class:`torch.device` with an explicit index for CUDA (``cuda`` -> ``cuda:N``)."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    """``device`` as a :class:`torch.device` with an explicit index for CUDA (``cuda`` -> ``cuda:N``).
+
+    Raises :class:`InvalidArgument` for a name torch does not know or a CUDA device on a machine without
+    one (checked here, so a pool never half-builds its tensors before failing)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"device {device!r} is not a torch device ({exc}); use e.g. 'cpu' or 'cuda:0'"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgument(
+                f"device {device!r} asks for CUDA but no CUDA device is available; use 'cpu'"
+            )
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def _device_memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` in bytes (physical RAM for the CPU), or None where unknown."""
+    try:
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).total_memory
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return None
+    return None
+
+
+def check_fits(device: torch.device, num_bytes: int, what: str) -> None:
+    """Raise :class:`InvalidArgument` if ``num_bytes`` exceed the whole memory of ``device``.
+
+    Checked before a pool allocates: on Linux a too-large CPU tensor can be granted lazily and then kill
+    the process while it is zero-filled, so an impossible size must be refused up front. O(1).
+    """
+    total = _device_memory_bytes(device)
+    if total is not None and num_bytes > total:
+        raise InvalidArgument(
+            f"{what} needs {num_bytes / 2**30:,.1f} GiB but {device} has {total / 2**30:,.1f} GiB in all; "
+            "choose smaller pool sizes"
+        )
+
+
+def allocate_tensor(what: str, make, *args, **kwargs) -> torch.Tensor:
+    """``make(*args, **kwargs)`` (``torch.zeros``, ``torch.full`` ...), with an allocation failure turned
+    into :class:`InvalidArgument` naming ``what`` and the bytes asked for, instead of torch's
+    ``RuntimeError`` / ``MemoryError``: a pool sized past the machine is a sizing mistake of the caller."""
+    try:
+        return make(*args, **kwargs)
+    except (RuntimeError, MemoryError) as exc:
+        raise InvalidArgument(
+            f"cannot allocate {what} ({str(exc).splitlines()[0][:200]}); choose smaller pool sizes"
+        ) from None
 
 
 def as_index_tensor(values: IndexLike, device: torch.device, what: str) -> torch.Tensor:
@@ -84,7 +151,13 @@ def as_index_tensor(values: IndexLike, device: torch.device, what: str) -> torch
     if isinstance(values, bool):
         raise InvalidArgument(f"{what} must be an int, a sequence of ints or a tensor, got {values!r}")
     if isinstance(values, int):
+        if not _INT64_MIN <= values <= _INT64_MAX:
+            raise InvalidIndex(f"{what} {values} does not fit int64; pass indices this pool handed out")
         return torch.tensor([values], dtype=torch.int64, device=device)
+    if isinstance(values, (str, bytes, bytearray, set, frozenset, dict)):
+        raise InvalidArgument(
+            f"{what} must be an int, a sequence of ints or a tensor, got {type(values).__name__} {values!r:.80}"
+        )
     try:
         items = list(values)
     except TypeError as exc:
@@ -98,10 +171,14 @@ def as_index_tensor(values: IndexLike, device: torch.device, what: str) -> torch
                 raise TypeError
             ints.append(operator.index(v))
         except TypeError as exc:
-            raise InvalidArgument(f"{what} must hold ints, got {v!r} in {values!r}") from exc
-    if device.type == "cpu":  # numpy builds a small tensor ~3x faster than torch.tensor does
-        return torch.from_numpy(np.array(ints, dtype=np.int64))
-    return torch.tensor(ints, dtype=torch.int64, device=device)
+            raise InvalidArgument(f"{what} must hold ints, got {v!r} in {values!r:.80}") from exc
+    try:
+        if device.type == "cpu":  # numpy builds a small tensor ~3x faster than torch.tensor does
+            return torch.from_numpy(np.array(ints, dtype=np.int64))
+        return torch.tensor(ints, dtype=torch.int64, device=device)
+    except (OverflowError, RuntimeError, ValueError):  # only reached for an int outside int64
+        value = next(v for v in ints if not _INT64_MIN <= v <= _INT64_MAX)
+        raise InvalidIndex(f"{what} {value} does not fit int64; pass indices this pool handed out") from None
 
 
 def check_in_range(indices: torch.Tensor, low: int, high: int, what: str) -> None:
@@ -129,7 +206,9 @@ def check_allocated(allocated: torch.Tensor, indices: torch.Tensor, what: str) -
         )
 
 
-def check_no_duplicates(scratch: torch.Tensor, indices: torch.Tensor, what: str) -> None:
+def check_no_duplicates(
+    scratch: torch.Tensor, indices: torch.Tensor, what: str, why: str = "a double free"
+) -> None:
     """Raise :class:`InvalidIndex` if an index occurs twice in ``indices``. O(k), no sort.
 
     ``scratch`` is an int32 tensor as long as the index space, owned by the pool; its contents are
@@ -144,4 +223,4 @@ def check_no_duplicates(scratch: torch.Tensor, indices: torch.Tensor, what: str)
     clash = scratch[indices] != ranks
     if bool(clash.any()):
         value = int(indices[clash][0])
-        raise InvalidIndex(f"{what} {value} occurs twice in one call (a double free); pass each value once")
+        raise InvalidIndex(f"{what} {value} occurs twice in one call ({why}); pass each value once")

@@ -36,8 +36,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mamba_radix.errors import InvariantError
-from mamba_radix.pools._indices import check_allocated, check_in_range, check_no_duplicates
+from mamba_radix.errors import InvalidArgument, InvariantError
+from mamba_radix.pools._indices import (
+    allocate_tensor,
+    check_allocated,
+    check_fits,
+    check_in_range,
+    check_no_duplicates,
+)
 
 __all__ = ["FreeList", "HostFreeList", "make_free_list"]
 
@@ -62,10 +68,16 @@ class FreeList:
         self.device = device
         self.need_sort = need_sort
         self.what = what
+        # bitmap (1 byte) + duplicate-check scratch (4) + free list buffer (8) per id
+        check_fits(device, (num_ids + 2) * 13, f"a free list of {num_ids} {what}s")
         # [0] padding and [num_ids + 1] sentinel stay False forever (see the module docstring).
-        self.allocated = torch.zeros(num_ids + 2, dtype=torch.bool, device=device)
+        self.allocated = allocate_tensor(
+            "the allocation bitmap", torch.zeros, num_ids + 2, dtype=torch.bool, device=device
+        )
         # Scratch for the O(k) duplicate check; contents are meaningless between calls.
-        self._scratch = torch.empty(num_ids + 2, dtype=torch.int32, device=device)
+        self._scratch = allocate_tensor(
+            "the free list scratch", torch.empty, num_ids + 2, dtype=torch.int32, device=device
+        )
         self.clear()
 
     # ------------------------------------------------------------------------------------------ state
@@ -161,10 +173,36 @@ class FreeList:
             check_in_range(ids, 1, self.num_ids, self.what)
             check_allocated(self.allocated, ids, self.what)
 
-    def check_unique(self, ids: torch.Tensor) -> None:
+    def check_unique(self, ids: torch.Tensor, why: str = "each may be written once per call") -> None:
         """Raise :class:`~mamba_radix.errors.InvalidIndex` if an id occurs twice in ``ids`` (which must be
-        in range). O(k)."""
-        check_no_duplicates(self._scratch, ids, self.what)
+        in range); ``why`` says in the message why a repeat is wrong. O(k)."""
+        check_no_duplicates(self._scratch, ids, self.what, why)
+
+    def is_id_allocated(self, i: int) -> bool:
+        """Whether the single id ``i`` (a Python int) is allocated; False for 0 and out-of-range ids.
+        O(1): one bitmap read, no tensor built (the cheap ownership test of the cache's edge checks)."""
+        return 0 < i <= self.num_ids and bool(self.allocated[i])
+
+    def undo_alloc(self, ids: torch.Tensor) -> None:
+        """Give back the ids the most recent :meth:`alloc` returned, as if that call had not taken them:
+        the head pointer steps back over them, so the next ``alloc`` hands out the same ids in the same
+        order. For a transactional caller whose later step failed. O(k).
+
+        A merge that alloc did stays done; it never changes which ids come out next or in which order
+        (without ``need_sort`` a merge concatenates in order; with it, it only sorts ids that the unmerged
+        list would have sorted at its next merge anyway, so the set of free ids and the counts are as
+        before). If other allocations happened since (``ids`` is not the slice just before the head),
+        falls back to a checked :meth:`free`.
+        """
+        k = ids.numel()
+        if k == 0:
+            return
+        head = self._head
+        if k <= head and torch.equal(self._buf[head - k : head], ids):
+            self.allocated[ids] = False
+            self._head = head - k
+            return
+        self.free(ids, check=True)
 
     def free_group_begin(self) -> None:
         """Start collecting frees; they are concatenated once at :meth:`free_group_end`. Not re-entrant."""
@@ -285,7 +323,9 @@ class HostFreeList(FreeList):
 
     def __init__(self, num_ids: int, device: torch.device, need_sort: bool, what: str) -> None:
         if device.type != "cpu":
-            raise ValueError(f"HostFreeList works on CPU tensors only, not {device}")
+            raise InvalidArgument(
+                f"HostFreeList works on CPU tensors only, not {device}; use backend='torch'"
+            )
         super().__init__(num_ids, device, need_sort, what)
         self._alloc_np = self.allocated.numpy()
         self._scratch_np = self._scratch.numpy()
@@ -296,6 +336,10 @@ class HostFreeList(FreeList):
 
     def _mark(self, head: int, end: int, ids: torch.Tensor) -> None:
         self._alloc_np[self._buf_np[head:end]] = True
+
+    def is_id_allocated(self, i: int) -> bool:
+        """As :meth:`FreeList.is_id_allocated`, read through the numpy view (~0.1 us)."""
+        return 0 < i <= self.num_ids and bool(self._alloc_np[i])
 
     # A free of up to this many ids is checked and applied in plain Python on ``ids.tolist()``: a few
     # 0.1 us steps per id beat the ~0.5-1 us fixed cost of each numpy call (decode frees 1 id, a paged
@@ -429,4 +473,4 @@ def make_free_list(
         return HostFreeList(num_ids, device, need_sort, what)
     if backend == "torch":
         return FreeList(num_ids, device, need_sort, what)
-    raise ValueError(f"backend must be 'auto', 'host' or 'torch', got {backend!r}")
+    raise InvalidArgument(f"backend must be 'auto', 'host' or 'torch', got {backend!r}")

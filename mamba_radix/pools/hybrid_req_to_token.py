@@ -11,8 +11,16 @@ into and then donated to the tree:
   (:meth:`lazy_alloc_boundary_slot`) and the old one released after it (:meth:`lazy_release_old_slot`);
 - ``no_buffer``: no track buffer.
 
-Admission (:meth:`alloc`) is transactional, unlike SGLang (#34676): every row and slot of the batch is
-counted first and, if any is short, nothing is taken and ``None`` is returned.
+Admission (:meth:`alloc`) is transactional, unlike SGLang (#34676): every request of the batch is
+validated and every row and slot counted first; if any is short, or an allocation fails anyway (an
+injected fault), nothing is taken and ``None`` is returned, and an allocation that raises leaves the pool
+as it was.
+
+Ownership: the pool knows which request holds each row and which row holds each state slot (live and
+ping-pong slots of running requests), so it refuses a request carrying another request's row or slots,
+and :meth:`slot_holder` / :meth:`is_slot_held` let the cache refuse "insert a running request's slot" in
+O(1). The record is kept up to date by every call here; a caller that rewrites ``req.mamba_pool_idx`` or
+the track buffer of a running request behind the pool's back makes it stale (and is refused later).
 
 Device mappings for kernels, per request row: ``req_index_to_mamba_index_mapping[row]`` (live slot, 0 =
 none, the padding sink) and ``req_index_to_mamba_ping_pong_track_buffer_mapping[row]`` (track slots, -1 =
@@ -27,6 +35,7 @@ import torch
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.pools._indices import check_slot_int
 from mamba_radix.pools.mamba_pool import MambaPool
 from mamba_radix.pools.req_to_token import ReqToTokenPool
 from mamba_radix.request import Req
@@ -47,11 +56,11 @@ class HybridReqToTokenPool(ReqToTokenPool):
         config: CacheConfig,
         device: str | torch.device = "cpu",
     ) -> None:
-        super().__init__(size, max_context_len, device)
         if not isinstance(mamba_pool, MambaPool):
             raise InvalidArgument(f"mamba_pool must be a MambaPool, got {type(mamba_pool).__name__}")
         if not isinstance(config, CacheConfig):
             raise InvalidArgument(f"config must be a CacheConfig, got {type(config).__name__}")
+        super().__init__(size, max_context_len, device)
         if mamba_pool.device != self.device:
             raise InvalidArgument(
                 f"mamba_pool lives on {mamba_pool.device} but the request pool on {self.device}; "
@@ -73,6 +82,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self._row_live = [0] * (self.size + 1)
         self._row_track = [[NO_SLOT] * width for _ in range(self.size + 1)]
         self._num_reserved = 0
+        self._row_req: list[Req | None] = [None] * (self.size + 1)  # row -> the request holding it
+        self._slot_row: dict[int, int] = {}  # state slot -> row of the running request holding it
 
     # ----------------------------------------------------------------------------------------- sizes
     def num_reserved_slots(self) -> int:
@@ -85,38 +96,76 @@ class HybridReqToTokenPool(ReqToTokenPool):
         held += [s for track in self._row_track for s in track if s > 0]
         return sorted(held)
 
+    # ------------------------------------------------------------------------------------- ownership
+    def slot_holder(self, slot: int) -> Req | None:
+        """The running request holding state slot ``slot`` (its live slot or a ping-pong entry), or
+        ``None``. O(1), no tensor touched: the cache's test for "this slot belongs to a running request"."""
+        row = self._slot_row.get(slot)
+        return None if row is None else self._row_req[row]
+
+    def is_slot_held(self, slot: int) -> bool:
+        """Whether a running request holds ``slot`` (live or ping-pong). O(1)."""
+        return slot in self._slot_row
+
+    def row_holder(self, row: int) -> Req | None:
+        """The request holding request row ``row``, or ``None`` (a free row, or one taken without a
+        request through :meth:`ReqToTokenPool.alloc`). O(1)."""
+        return self._row_req[row] if type(row) is int and 0 < row <= self.size else None
+
     # ------------------------------------------------------------------------------------- admission
     def alloc(self, reqs: list[Req]) -> list[int] | None:  # type: ignore[override]
         """Admit ``reqs``: a row for each request without one, a live slot for each request without one
         (a slot already set, e.g. by a copy-on-write hit, is kept), and a track buffer for each request
         without one (``P`` slots eager; lazy: one slot and a ``-1`` entry, ``mamba_next_track_idx = 0``).
 
-        Transactional: if rows or slots are short, returns ``None`` and nothing is taken or changed.
-        Returns the rows of ``reqs`` in order. Raises :class:`InvalidArgument` / :class:`InvalidIndex`
-        (nothing changed) for a request given twice or holding a row or slot that is not allocated.
+        Transactional: every request is validated, then rows and slots are counted; if any is short, or
+        an allocation returns ``None`` anyway, nothing is taken or changed and ``None`` is returned; an
+        allocation that raises propagates with nothing taken. Returns the rows of ``reqs`` in order.
+
+        Raises :class:`InvalidArgument` / :class:`InvalidIndex` (nothing changed) for anything but a list
+        of requests, a request given twice, a row or slot of the wrong type, not allocated, or held by
+        another request, a slot repeated within the batch, or a malformed track buffer.
         O(len(reqs) * P).
         """
-        self._check_admission(reqs)
-        need_rows = sum(1 for r in reqs if r.req_pool_idx is None)
-        need_live = sum(1 for r in reqs if r.mamba_pool_idx is None)
+        reqs = self._check_admission(reqs)
         track_per_req = self._track_slots_to_take()
-        need_track = sum(track_per_req for r in reqs if self._needs_track_buffer(r))
+        need_rows = need_live = need_track = 0
+        for r in reqs:
+            need_rows += r.req_pool_idx is None
+            need_live += r.mamba_pool_idx is None
+            need_track += track_per_req if self._needs_track_buffer(r) else 0
         need_slots = need_live + need_track
         if need_rows > self.available_size() or need_slots > self.mamba_pool.available_size():
             return None
-        rows = self._take_rows(need_rows)
-        slots = self.mamba_pool.alloc(need_slots)
-        assert rows is not None and slots is not None  # both counted above
-        new_rows = iter(rows)
-        new_slots = iter(slots.tolist())
+        rows: list[int] = []
+        if need_rows:
+            taken = self._take_rows(need_rows)
+            if taken is None:
+                return None
+            rows = taken
+        new_slots: list[int] = []
+        if need_slots:
+            try:
+                slots = self.mamba_pool.alloc(need_slots)
+            except BaseException:
+                self._undo_take_rows(rows)
+                raise
+            if slots is None:
+                self._undo_take_rows(rows)
+                return None
+            new_slots = slots.tolist()
+        # Commit: plain assignments from here on; nothing below can be refused.
+        row_iter, slot_iter = iter(rows), iter(new_slots)
         for req in reqs:
             if req.req_pool_idx is None:
-                req.req_pool_idx = next(new_rows)
+                req.req_pool_idx = next(row_iter)
             if req.mamba_pool_idx is None:
-                req.mamba_pool_idx = next(new_slots)
+                req.mamba_pool_idx = next(slot_iter)
             if self._needs_track_buffer(req):
-                taken = [next(new_slots) for _ in range(track_per_req)]
-                req.mamba_ping_pong_track_buffer = taken + [NO_SLOT] * (self.ping_pong_size - track_per_req)
+                taken_track = [next(slot_iter) for _ in range(track_per_req)]
+                req.mamba_ping_pong_track_buffer = taken_track + [NO_SLOT] * (
+                    self.ping_pong_size - track_per_req
+                )
                 req.mamba_next_track_idx = 0
             self._attach(req.req_pool_idx, req)
         return [r.req_pool_idx for r in reqs]  # type: ignore[misc]
@@ -129,26 +178,117 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def _needs_track_buffer(self, req: Req) -> bool:
         return self.ping_pong_size > 0 and req.mamba_ping_pong_track_buffer is None
 
-    def _check_admission(self, reqs: Sequence[Req]) -> None:
-        if len({id(r) for r in reqs}) != len(reqs):
-            raise InvalidArgument("alloc got the same request twice; pass each request once")
+    def _check_admission(self, reqs: object) -> list[Req]:
+        """Validate a batch for :meth:`alloc`; return it as a list. O(len(reqs) * P), no side effects."""
+        if not isinstance(reqs, (list, tuple)):
+            raise InvalidArgument(
+                f"alloc takes a list of Req objects, got {type(reqs).__name__}; wrap one request as [req]"
+            )
+        seen_reqs: set[int] = set()
+        seen_slots: dict[int, object] = {}
         for req in reqs:
             if not isinstance(req, Req):
                 raise InvalidArgument(f"alloc takes Req objects, got {type(req).__name__}")
-            if req.req_pool_idx is not None and not self.is_row_allocated(req.req_pool_idx):
-                raise InvalidIndex(
-                    f"request {req.rid!r} carries row {req.req_pool_idx}, which is not allocated; "
-                    "set req.req_pool_idx = None for a new request"
+            if id(req) in seen_reqs:
+                raise InvalidArgument("alloc got the same request twice; pass each request once")
+            seen_reqs.add(id(req))
+            row = req.req_pool_idx
+            if row is not None:
+                if type(row) is not int:
+                    raise InvalidArgument(
+                        f"request {req.rid!r} has req_pool_idx {row!r}; it must be an int row or None"
+                    )
+                if not self.is_row_allocated(row):
+                    raise InvalidIndex(
+                        f"request {req.rid!r} carries row {row}, which is not allocated; "
+                        "set req.req_pool_idx = None for a new request"
+                    )
+                holder = self._row_req[row]
+                if holder is not None and holder is not req:
+                    raise InvalidArgument(
+                        f"request {req.rid!r} carries row {row}, which request {holder.rid!r} holds; "
+                        "a new request must come with req_pool_idx = None"
+                    )
+            for slot in self._checked_slots_of(req):
+                if slot in seen_slots:
+                    raise InvalidArgument(
+                        f"state slot {slot} is given twice in one admission (request {req.rid!r} and "
+                        f"request {seen_slots[slot]!r}); each slot belongs to one request, once"
+                    )
+                seen_slots[slot] = req.rid
+                self._check_slot_free_or_own(slot, req)
+        return list(reqs)
+
+    def _checked_slots_of(self, req: Req) -> list[int]:
+        """The slots ``req`` carries, type- and shape-checked (not yet ownership-checked). O(P)."""
+        held: list[int] = []
+        live = req.mamba_pool_idx
+        if live is not None:
+            if type(live) is not int:
+                raise InvalidArgument(
+                    f"request {req.rid!r} has mamba_pool_idx {live!r}; it must be an int slot or None"
                 )
-            held = self._slots_of(req)
-            if held:
-                self.mamba_pool.check_allocated(held)
-            buffer = req.mamba_ping_pong_track_buffer
-            if buffer is not None and len(buffer) != self.ping_pong_size:
+            held.append(live)
+        buffer = req.mamba_ping_pong_track_buffer
+        if buffer is not None:
+            if not isinstance(buffer, list) or any(type(s) is not int for s in buffer):
+                raise InvalidArgument(
+                    f"request {req.rid!r} has mamba_ping_pong_track_buffer {buffer!r:.80}; it must be a "
+                    "list of int slots (-1 for an empty entry) or None"
+                )
+            if len(buffer) != self.ping_pong_size:
                 raise InvalidArgument(
                     f"request {req.rid!r} has a track buffer of {len(buffer)} entries; this pool uses "
                     f"{self.ping_pong_size} (config strategy {self.config.strategy})"
                 )
+            nxt = req.mamba_next_track_idx
+            if type(nxt) is not int or not 0 <= nxt < len(buffer):
+                raise InvalidArgument(
+                    f"request {req.rid!r} has mamba_next_track_idx {nxt!r}; it must be an int entry of its "
+                    f"track buffer, 0..{len(buffer) - 1}"
+                )
+            held += [s for s in buffer if s != NO_SLOT]
+        elif type(req.mamba_next_track_idx) is not int:
+            raise InvalidArgument(
+                f"request {req.rid!r} has mamba_next_track_idx {req.mamba_next_track_idx!r}; it must be an int"
+            )
+        return held
+
+    def _check_slot_free_or_own(self, slot: int, req: Req) -> None:
+        """``slot`` must be allocated and held by no running request other than ``req``. O(1)."""
+        if not self.mamba_pool.is_slot_allocated(slot):
+            raise InvalidIndex(
+                f"state slot {slot} of request {req.rid!r} is not allocated; a request may carry only "
+                "slots taken from this pool's MambaPool"
+            )
+        row = self._slot_row.get(slot)
+        if row is not None and not (row == req.req_pool_idx and self._row_req[row] is req):
+            holder = self._row_req[row]
+            raise InvalidArgument(
+                f"state slot {slot} carried by request {req.rid!r} is held by running request "
+                f"{getattr(holder, 'rid', None)!r} (row {row}); pass a slot of its own"
+            )
+
+    def _check_holder(self, req: object, verb: str) -> Req:
+        """``req`` must be a request this pool admitted, holding exactly the slots it records. O(P)."""
+        if not isinstance(req, Req):
+            raise InvalidArgument(f"{verb} takes a Req, got {type(req).__name__}")
+        row = req.req_pool_idx
+        held = self._checked_slots_of(req)
+        if row is None or type(row) is not int or not 0 < row <= self.size or self._row_req[row] is not req:
+            if not held:
+                return req
+            raise InvalidArgument(
+                f"request {req.rid!r} (row {row!r}) was not admitted by this pool, but carries state slots "
+                f"{held}; {verb} only requests this pool admitted"
+            )
+        for slot in held:
+            if self._slot_row.get(slot) != row:
+                raise InvalidArgument(
+                    f"request {req.rid!r} carries state slot {slot}, which the pool does not record as its "
+                    "own (its slots were changed outside the pool); use the pool's calls to change them"
+                )
+        return req
 
     @staticmethod
     def _slots_of(req: Req) -> list[int]:
@@ -163,7 +303,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
         The request must have released its state slots first (:meth:`free_mamba_cache`), otherwise they
         would leak from the accounting: raises :class:`InvalidArgument` and frees nothing. Rows given as
-        ints follow the same rule.
+        ints follow the same rule. A request must be the one holding its row.
         """
         if isinstance(req, Req):
             if req.req_pool_idx is None:
@@ -173,15 +313,24 @@ class HybridReqToTokenPool(ReqToTokenPool):
                     f"request {req.rid!r} still holds state slots {self._slots_of(req)}; "
                     "call free_mamba_cache(req) before free(req)"
                 )
-            rows = [req.req_pool_idx]
+            row = req.req_pool_idx
+            holder = self.row_holder(row) if type(row) is int else None
+            if holder is not None and holder is not req:
+                raise InvalidArgument(
+                    f"request {req.rid!r} carries row {row}, but request {holder.rid!r} holds it; "
+                    "free only a request's own row"
+                )
+            rows = [row]
         else:
-            rows = [req] if isinstance(req, int) else list(req)
+            rows = self._row_list(req)
         for row in rows:
-            if isinstance(row, int) and 0 < row <= self.size and self._row_slot_count(row):
+            if type(row) is int and 0 < row <= self.size and self._row_slot_count(row):
                 raise InvalidArgument(
                     f"request row {row} still maps to state slots; call free_mamba_cache first"
                 )
         super().free(rows)
+        for row in rows:
+            self._row_req[row] = None
         if isinstance(req, Req):
             req.req_pool_idx = None
 
@@ -190,13 +339,15 @@ class HybridReqToTokenPool(ReqToTokenPool):
         then clear ``req.mamba_pool_idx``, ``req.mamba_ping_pong_track_buffer`` and
         ``req.mamba_next_track_idx``. ``keep`` (a slot donated to the tree) must be one of them.
 
-        Raises :class:`InvalidArgument` / :class:`InvalidIndex` and changes nothing otherwise. O(P).
+        Raises :class:`InvalidArgument` / :class:`InvalidIndex` and changes nothing otherwise, or when
+        ``req`` carries slots the pool does not record as its own. O(P).
         """
+        self._check_holder(req, "free_mamba_cache")
         held = self._slots_of(req)
         if keep is not None:
-            if keep not in held:
+            if type(keep) is not int or keep not in held:
                 raise InvalidArgument(
-                    f"keep={keep} is not a slot of request {req.rid!r} (it holds {held}); "
+                    f"keep={keep!r} is not a slot of request {req.rid!r} (it holds {held}); "
                     "pass the live slot or a track slot, or None"
                 )
             held.remove(keep)
@@ -204,14 +355,16 @@ class HybridReqToTokenPool(ReqToTokenPool):
         req.mamba_pool_idx = None
         req.mamba_ping_pong_track_buffer = None
         req.mamba_next_track_idx = 0
-        if req.req_pool_idx is not None and self.is_row_allocated(req.req_pool_idx):
-            self._attach(req.req_pool_idx, req)
+        self._sync_row(req)
 
     # ------------------------------------------------------------------------------------- ping-pong
     def ping_pong_other_idx(self, i: int) -> int:
         """The other entry of a ping-pong buffer: ``1 - i`` when ``P == 2``, else ``i``."""
-        if not 0 <= i < max(self.ping_pong_size, 1):
-            raise InvalidArgument(f"ping-pong entry {i} is out of range for P = {self.ping_pong_size}")
+        if type(i) is not int or not 0 <= i < max(self.ping_pong_size, 1):
+            raise InvalidArgument(
+                f"ping-pong entry {i!r} is out of range for P = {self.ping_pong_size}; pass an int "
+                f"0..{max(self.ping_pong_size, 1) - 1}"
+            )
         return 1 - i if self.ping_pong_size == 2 else i
 
     def ping_pong_keep_idx(self, req: Req) -> int:
@@ -221,18 +374,21 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return self.ping_pong_other_idx(req.mamba_next_track_idx)
 
     def donate_ping_pong_slot(self, req: Req, new_slot: int) -> int:
-        """Give away the keep entry's slot (returned) and put ``new_slot`` (allocated by the caller) in its
-        place. The number of slots the request holds is unchanged. O(1)."""
+        """Give away the keep entry's slot (returned) and put ``new_slot`` (allocated by the caller and
+        held by no running request) in its place. The number of slots the request holds is unchanged.
+        Raises :class:`InvalidArgument` / :class:`InvalidIndex`, nothing changed, otherwise. O(1)."""
+        self._check_holder(req, "donate_ping_pong_slot")
         buffer = self._track_buffer(req)
         keep_idx = self.ping_pong_keep_idx(req)
         donated = buffer[keep_idx]
         if donated == NO_SLOT:
             raise InvalidArgument(f"request {req.rid!r} has no slot in ping-pong entry {keep_idx} to donate")
-        self.mamba_pool.check_allocated(new_slot)
+        new_slot = check_slot_int(new_slot, "new_slot")
         if new_slot in self._slots_of(req):
             raise InvalidArgument(
                 f"slot {new_slot} is already held by request {req.rid!r}; pass a fresh slot"
             )
+        self._check_slot_free_or_own(new_slot, req)
         buffer[keep_idx] = new_slot
         self._sync_row(req)
         return donated
@@ -240,7 +396,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def lazy_alloc_boundary_slot(self, req: Req) -> bool:
         """Lazy only: at a decode boundary, borrow a slot into the empty entry and point
         ``next_track_idx`` at it. Returns ``False`` (nothing changed) if no slot is free; ``True`` after a
-        borrow, or at once when the second entry is still held (its old slot not released yet)."""
+        borrow, or at once when the second entry is still held (its old slot not released yet).
+        An allocation that raises propagates with nothing changed."""
         buffer = self._lazy_buffer(req)
         other = self.ping_pong_other_idx(req.mamba_next_track_idx)
         if buffer[other] != NO_SLOT:
@@ -276,6 +433,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 f"lazy boundary slots need --mamba-radix-cache-strategy extra_buffer_lazy "
                 f"(this pool runs {self.config.strategy})"
             )
+        self._check_holder(req, "a lazy boundary call")
         return self._track_buffer(req)
 
     # -------------------------------------------------------------------------------- row bookkeeping
@@ -287,14 +445,27 @@ class HybridReqToTokenPool(ReqToTokenPool):
             self._attach(req.req_pool_idx, req)
 
     def _attach(self, row: int, req: Req) -> None:
-        """Make ``row``'s mirror and device mappings show ``req``'s current slots. O(P)."""
+        """Make ``row``'s mirror, owner record and device mappings show ``req``'s current slots. O(P)."""
         live = req.mamba_pool_idx or 0
         width = max(self.ping_pong_size, 1)
         track = list(req.mamba_ping_pong_track_buffer or [NO_SLOT] * width)
+        slot_row = self._slot_row
+        old_live = self._row_live[row]
+        if old_live > 0:
+            slot_row.pop(old_live, None)
+        for s in self._row_track[row]:
+            if s > 0:
+                slot_row.pop(s, None)
         self._num_reserved -= self._row_slot_count(row)
         self._row_live[row] = live
         self._row_track[row] = track
         self._num_reserved += self._row_slot_count(row)
+        if live > 0:
+            slot_row[live] = row
+        for s in track:
+            if s > 0:
+                slot_row[s] = row
+        self._row_req[row] = req
         self.req_index_to_mamba_index_mapping[row] = live
         self.req_index_to_mamba_ping_pong_track_buffer_mapping[row] = torch.tensor(track, dtype=torch.int64)
 

@@ -20,8 +20,10 @@ from mamba_radix import state_ops
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.pools._indices import (
     IndexLike,
+    allocate_tensor,
     as_index_tensor,
     check_count,
+    check_fits,
     check_size,
     resolve_device,
 )
@@ -75,6 +77,10 @@ class MambaPool:
         self.temporal_shape = _check_shape(temporal_shape, "temporal_shape")
         if isinstance(conv_dtypes, torch.dtype):
             conv_dtypes = [conv_dtypes] * len(self.conv_shapes)
+        if not isinstance(conv_dtypes, (list, tuple)):
+            raise InvalidArgument(
+                f"conv_dtypes must be a torch.dtype or a list of them, got {type(conv_dtypes).__name__}"
+            )
         if len(conv_dtypes) != len(self.conv_shapes):
             raise InvalidArgument(
                 f"conv_dtypes has {len(conv_dtypes)} entries but conv_shapes has {len(self.conv_shapes)}; "
@@ -84,14 +90,36 @@ class MambaPool:
         self.temporal_dtype = _check_dtype(temporal_dtype, "temporal_dtype")
 
         rows = self.size + 1  # + the padding sink, slot 0
+        item = lambda dtype: torch.empty(0, dtype=dtype).element_size()  # noqa: E731
+        total = (
+            rows
+            * self.num_layers
+            * (
+                sum(
+                    math.prod(sh) * item(dt)
+                    for sh, dt in zip(self.conv_shapes, self.conv_dtypes, strict=True)
+                )
+                + math.prod(self.temporal_shape) * item(self.temporal_dtype)
+            )
+        )
+        check_fits(self.device, total, f"a state pool of {size} slots")
         self.conv: list[torch.Tensor] = [
-            torch.zeros((self.num_layers, rows, *shape), dtype=dtype, device=self.device)
+            allocate_tensor(
+                "the conv state",
+                torch.zeros,
+                (self.num_layers, rows, *shape),
+                dtype=dtype,
+                device=self.device,
+            )
             for shape, dtype in zip(self.conv_shapes, self.conv_dtypes, strict=True)
         ]
-        self.temporal = torch.zeros(
-            (self.num_layers, rows, *self.temporal_shape), dtype=self.temporal_dtype, device=self.device
+        self.temporal = allocate_tensor(
+            "the temporal state",
+            torch.zeros,
+            (self.num_layers, rows, *self.temporal_shape),
+            dtype=self.temporal_dtype,
+            device=self.device,
         )
-        item = lambda dtype: torch.empty(0, dtype=dtype).element_size()  # noqa: E731
         self.conv_bytes_per_slot = self.num_layers * sum(
             math.prod(shape) * item(dtype)
             for shape, dtype in zip(self.conv_shapes, self.conv_dtypes, strict=True)
@@ -156,14 +184,15 @@ class MambaPool:
             raise InvalidArgument(
                 f"copy_from got {src.numel()} source and {dst.numel()} destination slots; pass equal lengths"
             )
-        self._free_list.check_unique(dst)
+        self._free_list.check_unique(dst, "a destination may be written once per copy")
         if dst.numel():
             state_ops.copy_slots(self.tensors, src, dst)
 
     def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
         """Allocate ``num_slots`` slots holding copies of ``src_slot``, or ``None`` and nothing taken.
 
-        ``src_slot`` must be allocated. Side effect: allocates and writes the new slots.
+        ``src_slot`` must be allocated. Side effect: allocates and writes the new slots. Transactional:
+        should the copy raise, the slots are given back (:meth:`FreeList.undo_alloc`) before it propagates.
         """
         check_count(num_slots, "num_slots")
         src = self.check_allocated(src_slot)
@@ -172,7 +201,11 @@ class MambaPool:
         dst = self._free_list.alloc(num_slots)
         if dst is None or num_slots == 0:
             return dst
-        state_ops.fork_slots(self.tensors, int(src[0]), dst)
+        try:
+            state_ops.fork_slots(self.tensors, int(src[0]), dst)
+        except BaseException:
+            self._free_list.undo_alloc(dst)
+            raise
         return dst
 
     def clear_slots(self, slots: IndexLike) -> None:
@@ -196,6 +229,17 @@ class MambaPool:
         self._free_list.clear()
 
     # ----------------------------------------------------------------------------------- inspection
+    def is_slot_allocated(self, slot: int) -> bool:
+        """Whether the single slot ``slot`` (a Python int) is allocated; False for 0, out-of-range slots
+        and non-ints. O(1), builds no tensor: the cheap test for ownership checks."""
+        return type(slot) is int and self._free_list.is_id_allocated(slot)
+
+    def undo_alloc(self, slots: torch.Tensor) -> None:
+        """Give back the slots the most recent :meth:`alloc` returned as if it had not run (the next
+        ``alloc`` returns them again, in order): for a transactional caller whose later step failed.
+        O(k). See :meth:`~mamba_radix.pools.free_list.FreeList.undo_alloc`."""
+        self._free_list.undo_alloc(as_index_tensor(slots, self.device, "state slot"))
+
     def is_allocated(self, slots: IndexLike) -> torch.Tensor:
         """Bool mask over ``slots``: allocated or not (0 and out-of-range read as not). O(k)."""
         return self._free_list.is_allocated(as_index_tensor(slots, self.device, "state slot"))

@@ -28,6 +28,9 @@ from mamba_radix.pools.free_list import FreeListBatching, make_free_list
 
 __all__ = ["PagedTokenToKVPoolAllocator", "get_last_loc"]
 
+# Sequence positions above this are refused: page arithmetic (seq + page_size - 1) must not overflow int64.
+_MAX_POSITION = 2**62
+
 
 def get_last_loc(req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
     """``req_to_token[rows[i], prefix_lens[i] - 1]`` as int64, or ``-1`` where ``prefix_lens[i] == 0``:
@@ -119,6 +122,8 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
             )
         if prefix.numel() and bool((prefix < 0).any()):
             raise InvalidArgument(f"prefix_lens must be >= 0, got {prefix.tolist()}")
+        if seq.numel() and bool((seq > _MAX_POSITION).any()):
+            raise InvalidArgument(f"seq_lens must be <= 2**62 positions, got {seq.max().item()}")
         extend = seq - prefix
         if extend.numel() and bool((extend < 0).any()):
             raise InvalidArgument(f"seq_lens must be >= prefix_lens, got {seq.tolist()} vs {prefix.tolist()}")
@@ -139,9 +144,9 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
             raise InvalidArgument(
                 f"seq_lens and last_loc must have one entry per request, got {seq.numel()} and {last.numel()}"
             )
-        if seq.numel() and bool((seq < 1).any()):
+        if seq.numel() and bool(((seq < 1) | (seq > _MAX_POSITION)).any()):
             raise InvalidArgument(
-                f"seq_lens must be >= 1 (they include the decoded token), got {seq.tolist()}"
+                f"seq_lens must be >= 1 (they include the decoded token) and <= 2**62, got {seq.tolist()}"
             )
         return self._alloc_spans(seq - 1, seq, last, seq.numel())
 
@@ -206,6 +211,12 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
                 f"{int(pre[i])} ends at offset {(int(pre[i]) - 1) % ps}; pass the KV index of position "
                 "prefix_len - 1"
             )
+
+    def undo_alloc(self, indices: torch.Tensor) -> None:
+        """Give back what the most recent :meth:`alloc` returned as if it had not run (the next ``alloc``
+        hands out the same pages in order): for a transactional caller whose later step failed. O(k)."""
+        idx = as_index_tensor(indices, self.device, "KV index")
+        self._free_list.undo_alloc(idx[:: self.page_size] // self.page_size)
 
     # ------------------------------------------------------------------------------------------- free
     def free(self, indices: IndexLike, check: bool = True) -> None:

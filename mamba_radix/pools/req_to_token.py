@@ -13,7 +13,13 @@ from collections.abc import Sequence
 import torch
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex
-from mamba_radix.pools._indices import check_count, check_size, resolve_device
+from mamba_radix.pools._indices import (
+    allocate_tensor,
+    check_count,
+    check_fits,
+    check_size,
+    resolve_device,
+)
 
 __all__ = ["ReqToTokenPool"]
 
@@ -27,7 +33,16 @@ class ReqToTokenPool:
         self.size = check_size(size, "size")
         self.max_context_len = check_size(max_context_len, "max_context_len")
         self.device = resolve_device(device)
-        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=self.device)
+        check_fits(
+            self.device, (size + 1) * max_context_len * 4, f"a request table of {size} x {max_context_len}"
+        )
+        self.req_to_token = allocate_tensor(
+            "the request table",
+            torch.zeros,
+            (size + 1, max_context_len),
+            dtype=torch.int32,
+            device=self.device,
+        )
         self._row_allocated = bytearray(size + 1)
         self._free_rows: list[int] = []
         self._reset_rows()
@@ -48,8 +63,8 @@ class ReqToTokenPool:
         return self.size - len(self._free_rows)
 
     def is_row_allocated(self, row: int) -> bool:
-        """Whether ``row`` is currently held (False for 0 and out-of-range rows)."""
-        return 1 <= row <= self.size and bool(self._row_allocated[row])
+        """Whether ``row`` is currently held (False for 0, out-of-range rows and non-ints). O(1)."""
+        return type(row) is int and 1 <= row <= self.size and bool(self._row_allocated[row])
 
     # ------------------------------------------------------------------------------------- alloc/free
     def alloc(self, num_reqs: int) -> list[int] | None:
@@ -70,9 +85,10 @@ class ReqToTokenPool:
         """Return rows to the pool. The table contents are left as they are (the next owner overwrites).
 
         Raises :class:`InvalidIndex` and frees nothing if any row is 0, out of range, not held, or given
-        twice. O(len(rows)).
+        twice; :class:`InvalidArgument` if ``rows`` is not an int or a list/tuple/range of ints.
+        O(len(rows)).
         """
-        row_list = [rows] if isinstance(rows, int) else list(rows)
+        row_list = self._row_list(rows)
         self._check_rows_held(row_list)
         if len(set(row_list)) != len(row_list):
             dup = next(r for r in row_list if row_list.count(r) > 1)
@@ -80,6 +96,23 @@ class ReqToTokenPool:
                 f"request row {dup} occurs twice in one free (a double free); pass each row once"
             )
         self._release_rows(row_list)
+
+    @staticmethod
+    def _row_list(rows: object) -> list[int]:
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            return [rows]
+        if isinstance(rows, (list, tuple, range)):
+            return list(rows)
+        raise InvalidArgument(
+            f"rows must be an int or a list of ints, got {type(rows).__name__} {rows!r:.80}"
+        )
+
+    def _undo_take_rows(self, rows: list[int]) -> None:
+        """Put back rows that :meth:`_take_rows` just returned, restoring the free stack exactly (the next
+        ``_take_rows`` hands out the same rows in the same order). O(len(rows))."""
+        for row in rows:
+            self._row_allocated[row] = 0
+        self._free_rows.extend(reversed(rows))
 
     def _release_rows(self, rows: list[int]) -> None:
         for row in rows:
@@ -104,8 +137,9 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, values: torch.Tensor) -> None:
         """``req_to_token[row, start:start + len(values)] = values``. O(len(values)).
 
-        ``row`` must be held; ``values`` a 1-D integer tensor on the pool's device whose entries fit int32.
-        Raises :class:`InvalidIndex` / :class:`InvalidArgument` and writes nothing otherwise.
+        ``row`` must be held; ``values`` a 1-D int32/int64 tensor on the pool's device whose entries are KV
+        indices (``0 <= v <= 2**31 - 1``; 0 is the padding row). Raises :class:`InvalidIndex` /
+        :class:`InvalidArgument` and writes nothing otherwise.
         """
         self._check_rows_held([row])
         check_count(start, "start")
@@ -122,8 +156,15 @@ class ReqToTokenPool:
                 f"writing {values.numel()} entries at {start} ends at {end}, past max_context_len "
                 f"{self.max_context_len}; raise max_context_len or write a shorter span"
             )
-        if values.dtype == torch.int64 and values.numel() and bool((values.abs() > _INT32_MAX).any()):
-            raise InvalidArgument("values must fit int32 (KV indices above 2**31-1 cannot be stored)")
+        if values.numel():
+            # One pass, no abs(): abs(-2**63) overflows back to -2**63 and would pass a `> max` test.
+            bad = (values < 0) | (values > _INT32_MAX) if values.dtype == torch.int64 else values < 0
+            if bool(bad.any()):
+                value = int(values[bad][0])
+                raise InvalidArgument(
+                    f"values must be KV indices in 0..{_INT32_MAX}, got {value}: negative indices are "
+                    "invalid, and values must fit int32 (the table stores int32)"
+                )
         self.req_to_token[row, start:end] = values.to(torch.int32)
 
     def clear(self) -> None:

@@ -69,6 +69,11 @@ class TokenToKVPoolAllocator(FreeListBatching):
         """
         self._free_list.free(as_index_tensor(indices, self.device, "KV index"), check)
 
+    def undo_alloc(self, indices: torch.Tensor) -> None:
+        """Give back what the most recent :meth:`alloc` returned as if it had not run (the next ``alloc``
+        hands out the same indices in order): for a transactional caller whose later step failed. O(k)."""
+        self._free_list.undo_alloc(as_index_tensor(indices, self.device, "KV index"))
+
     def clear(self) -> None:
         """Free every index; the free list restarts as ``1..size``. O(size)."""
         self._free_list.clear()
