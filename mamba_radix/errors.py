@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "InvalidArgument",
     "InvalidIndex",
+    "InvalidPosition",
     "InvariantError",
     "MambaRadixError",
     "OutOfMemory",
@@ -36,6 +37,10 @@ class InvalidArgument(MambaRadixError, ValueError):
 
 class InvalidIndex(InvalidArgument):
     """A free of padding, of an index never allocated, or a double free."""
+
+
+class InvalidPosition(InvalidArgument, IndexError):
+    """A position or prefix length outside the sequence it indexes (also an ``IndexError``)."""
 
 
 class OutOfMemory(MambaRadixError):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 from collections.abc import Iterator, Sequence
 
@@ -95,6 +96,11 @@ def _pool_layout(tensors: Sequence[torch.Tensor], what: str = "tensors") -> tupl
     for j, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise InvalidArgument(f"{what}[{j}] is a {type(t).__name__}, expected a torch.Tensor")
+        if t.element_size() not in naive.MOVABLE_ELEMENT_SIZES:
+            raise InvalidArgument(
+                f"{what}[{j}] has dtype {t.dtype} ({t.element_size()} bytes an element); state tensors move "
+                "as 1-, 2-, 4- or 8-byte words: use a real dtype (bf16, fp16, fp32, fp8 ...)"
+            )
         if t.dim() < 2:
             raise InvalidArgument(
                 f"{what}[{j}] has shape {tuple(t.shape)}; expected [num_layers, num_slots + 1, *inner]"
@@ -116,6 +122,33 @@ def _pool_layout(tensors: Sequence[torch.Tensor], what: str = "tensors") -> tupl
     return first.device, first.shape[0], first.shape[1]
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _check_flag(check: object) -> None:
+    if check is not None and not isinstance(check, bool):
+        raise InvalidArgument(f"check must be True or False, got {check!r}")
+
+
+def _host_ints(x: Sequence[object], name: str) -> list[int]:
+    """A list/tuple of slot indices as Python ints (``operator.index``: ints and numpy ints, not bools or
+    floats), each within int64; :class:`InvalidArgument` otherwise. O(len)."""
+    out = []
+    for i, v in enumerate(x):
+        if isinstance(v, bool):
+            raise InvalidArgument(f"{name}[{i}] is {v!r}; pass int slot indices")
+        try:
+            iv = operator.index(v)  # type: ignore[arg-type]
+        except TypeError:
+            raise InvalidArgument(
+                f"{name}[{i}] is a {type(v).__name__} ({v!r}); pass int slot indices"
+            ) from None
+        if not _INT64_MIN <= iv <= _INT64_MAX:
+            raise InvalidArgument(f"{name}[{i}] = {iv} does not fit int64; pass slot indices of this pool")
+        out.append(iv)
+    return out
+
+
 def _index(x: object, name: str, device: torch.device) -> torch.Tensor:
     """``x`` (integer tensor, or list/tuple of ints) as a 1-D int64 tensor on ``device``."""
     if isinstance(x, torch.Tensor):
@@ -126,8 +159,8 @@ def _index(x: object, name: str, device: torch.device) -> torch.Tensor:
         if x.dim() > 1:
             raise InvalidArgument(f"{name} has shape {tuple(x.shape)}; pass a 1-D tensor of slot indices")
         t = x.reshape(-1)
-    elif isinstance(x, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
-        t = torch.tensor(list(x), dtype=torch.int64)
+    elif isinstance(x, (list, tuple)):
+        t = torch.tensor(_host_ints(x, name), dtype=torch.int64)
     else:
         raise InvalidArgument(f"{name} is a {type(x).__name__}; pass an int64 tensor (or a list of ints)")
     if t.dtype != torch.int64:
@@ -259,6 +292,7 @@ def copy_slots(
     the device in one launch; with ``check`` the O(n) index check reads the indices on the host (a stream
     sync for CUDA indices).
     """
+    _check_flag(check)
     device, _, num_slots = _pool_layout(tensors)
     s, d = _index(src, "src", device), _index(dst, "dst", device)
     _same_length(s, d, "src", "dst")
@@ -289,13 +323,18 @@ def fork_slots(
     Refused: ``src`` or a destination out of range, a destination repeated, or ``src`` among the
     destinations. Side effects: writes the destination slots. Cost: O(k * bytes_per_slot), one launch.
     """
+    _check_flag(check)
     device, _, num_slots = _pool_layout(tensors)
     if isinstance(src, torch.Tensor):
-        if src.numel() != 1 or src.dtype.is_floating_point or src.dtype == torch.bool:
+        if src.numel() != 1 or src.dtype.is_floating_point or src.dtype.is_complex or src.dtype == torch.bool:
             raise InvalidArgument(f"src must be one integer slot, got a {src.dtype} tensor of {src.numel()}")
         src = int(src.item())
-    if not isinstance(src, int) or isinstance(src, bool):
-        raise InvalidArgument(f"src must be an int slot index, got {type(src).__name__}")
+    if isinstance(src, bool):
+        raise InvalidArgument(f"src must be an int slot index, got {src!r}")
+    try:
+        src = operator.index(src)  # ints and numpy ints
+    except TypeError:
+        raise InvalidArgument(f"src must be an int slot index, got {type(src).__name__}") from None
     d = _index(dst, "dst", device)
     if not 0 <= src < num_slots:
         raise InvalidArgument(
@@ -330,17 +369,23 @@ def track_slots(
     clear mask bit and the launch can be captured in a CUDA graph.
 
     ``check``: validate index values (range, ``-1`` as the only negative, enabled destinations unique and
-    disjoint from enabled sources). Default: only when the indices are on the CPU, since reading CUDA
-    indices would synchronise; those are then a precondition. Shapes and dtypes are always checked.
+    disjoint from enabled sources). Default: only when the indices are on the CPU (CPU tensors, or lists),
+    since reading CUDA indices would synchronise; those are then a precondition. Shapes and dtypes are always checked.
     Side effects: writes the enabled track slots. Cost: O(enabled * bytes_per_slot), one launch.
     """
+    _check_flag(check)
     device, _, num_slots = _pool_layout(tensors)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise InvalidArgument(
             f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}; "
             "pass e.g. seq_lens % interval == 0"
         )
-    on_host = all(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in (active, track, mask))
+    # Index lists are host values by nature: checking them costs no device sync, so they are always checked
+    # by default (an unchecked out-of-range index would write outside the pool).
+    on_host = mask.device.type == "cpu" and all(
+        isinstance(x, (list, tuple)) or (isinstance(x, torch.Tensor) and x.device.type == "cpu")
+        for x in (active, track)
+    )
     a, t = _index(active, "active", device), _index(track, "track", device)
     m = mask.reshape(-1)
     _same_length(a, t, "active", "track")
@@ -378,6 +423,7 @@ def gather_slots(
     device staging buffer in one launch, then copied with ``copy_(non_blocking=True)``: synchronise the
     stream before reading a pinned ``out``. Side effects: writes ``out``. Cost: O(n * bytes_per_slot).
     """
+    _check_flag(check)
     device, _, num_slots = _pool_layout(tensors)
     s = _index(slots, "slots", device)
     out_device = _buffers(out, tensors, s.numel(), "out")
@@ -417,6 +463,7 @@ def scatter_slots(
     is first copied to the pool's device (``non_blocking=True``). Refused: a slot out of range or repeated.
     Side effects: writes the slots. Cost: O(n * bytes_per_slot), one launch (plus the copy from the host).
     """
+    _check_flag(check)
     device, _, num_slots = _pool_layout(tensors)
     s = _index(slots, "slots", device)
     src_device = _buffers(src, tensors, s.numel(), "src")
@@ -435,5 +482,8 @@ def scatter_slots(
 
 def bytes_moved(tensors: Sequence[torch.Tensor], num_pairs: int) -> int:
     """Bytes read plus bytes written by moving ``num_pairs`` slots of the pool (for bandwidth figures)."""
+    _pool_layout(tensors)
+    if isinstance(num_pairs, bool) or not isinstance(num_pairs, int) or num_pairs < 0:
+        raise InvalidArgument(f"num_pairs must be a non-negative int, got {num_pairs!r}")
     per_slot = sum(t.shape[0] * math.prod(t.shape[2:]) * t.element_size() for t in tensors)
     return 2 * num_pairs * per_slot

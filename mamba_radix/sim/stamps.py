@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from mamba_radix.state_stamp import _BASES, _MODULI, _STAMP_BYTES, EMPTY_FINGERPRINT
+from mamba_radix.errors import InvalidArgument, InvalidPosition
+from mamba_radix.state_stamp import (
+    _BASES,
+    _MODULI,
+    _STAMP_BYTES,
+    EMPTY_FINGERPRINT,
+    as_token_array,
+    check_slot,
+    check_stamp,
+)
 
 __all__ = ["PrefixFingerprints", "StampIO"]
 
@@ -59,7 +68,15 @@ class PrefixFingerprints:
     __slots__ = ("_pow_base", "_sums", "length")
 
     def __init__(self, tokens: np.ndarray) -> None:
-        arr = np.asarray(tokens, dtype=np.int64)
+        # int64 arrays (the engine's case) skip the conversion; anything else is validated like
+        # state_stamp.fingerprint's input (ints in 0..2**63-1, flat), InvalidArgument otherwise.
+        arr = (
+            tokens
+            if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 and tokens.ndim == 1
+            else None
+        )
+        if arr is None or (arr.size and int(arr.min()) < 0):
+            arr = as_token_array(tokens)
         self.length = int(arr.shape[0])
         self._sums: list[np.ndarray] = []
         self._pow_base: list[np.ndarray] = []
@@ -69,7 +86,8 @@ class PrefixFingerprints:
                 self._pow_base.append(arr)
                 continue
             # a_j * C^j < 2**62; the running sum of up to 2**31 terms below 2**31 stays below 2**62
-            terms = (arr + 1) % modulus * inv_pows.upto(self.length) % modulus
+            # (t mod p + 1) mod p == (t + 1) mod p, without overflowing int64 at t = 2**63 - 1
+            terms = (arr % modulus + 1) % modulus * inv_pows.upto(self.length) % modulus
             self._sums.append(np.cumsum(terms) % modulus)
             self._pow_base.append(base_pows.upto(self.length))
 
@@ -77,8 +95,8 @@ class PrefixFingerprints:
         """The fingerprint of the first ``n`` tokens. O(1)."""
         if n == 0:
             return EMPTY_FINGERPRINT
-        if not 0 < n <= self.length:
-            raise IndexError(f"prefix length {n} outside 0..{self.length}")
+        if type(n) is not int or not 0 < n <= self.length:
+            raise InvalidPosition(f"prefix length {n!r} outside 0..{self.length}")
         out = 0
         for i, (_, _, modulus) in enumerate(_TABLES):
             h = int(self._pow_base[i][n - 1]) * int(self._sums[i][n - 1]) % modulus
@@ -100,7 +118,12 @@ class StampIO:
 
     def _refresh(self) -> None:
         """Rebuild the byte views if the pool's tensors are not the ones they were made from. O(tensors)."""
-        sources = [*self.pool.conv, self.pool.temporal]
+        conv, temporal = getattr(self.pool, "conv", None), getattr(self.pool, "temporal", None)
+        if not isinstance(conv, list) or not isinstance(temporal, torch.Tensor):
+            raise InvalidArgument(
+                f"StampIO needs a pool with conv tensors and a temporal tensor, got {type(self.pool).__name__}"
+            )
+        sources = [*conv, temporal]
         if len(sources) == len(self._sources) and all(
             a is b for a, b in zip(sources, self._sources, strict=True)
         ):
@@ -108,28 +131,41 @@ class StampIO:
         views = []
         for t in sources:
             if t.device.type != "cpu":
-                raise ValueError("StampIO works on CPU pools; use mamba_radix.state_stamp on a device")
+                raise InvalidArgument("StampIO works on CPU pools; use mamba_radix.state_stamp on a device")
             if t[0, 0].numel() * t.element_size() < _STAMP_BYTES:
                 continue
             # uint8 view of [layers, slots, bytes per row], sharing memory with the tensor
             views.append(t.view(torch.uint8).view(t.shape[0], t.shape[1], -1).numpy())
         if not views:
-            raise ValueError("no state tensor has the 16 bytes per slot a stamp needs")
+            raise InvalidArgument(
+                "no state tensor has the 16 bytes per slot a stamp needs; use larger shapes"
+            )
         self._sources, self._views = sources, views
+        self._num_slots = int(temporal.shape[1])
 
     @staticmethod
     def _payload(fp: int, num_tokens: int) -> np.ndarray:
         return np.array([fp, num_tokens], dtype=np.int64).view(np.uint8)
 
-    def write(self, slot: int, fp: int, num_tokens: int) -> None:
-        """Stamp ``slot`` with ``(fp, num_tokens)`` in every layer of every stamped tensor. O(layers)."""
+    def _checked(self, slot: int, fp: int, num_tokens: int) -> tuple[int, np.ndarray]:
+        """Validate the arguments (InvalidArgument, nothing written) and build the payload. O(1).
+        The fast path (a Python int slot in range, values in int64) costs two comparisons."""
         self._refresh()
-        payload = self._payload(fp, num_tokens)
+        if not (type(slot) is int and 0 <= slot < self._num_slots):
+            slot = check_slot(slot, self._num_slots)
+        if not (type(fp) is int and type(num_tokens) is int and 0 <= fp < 2**63 and 0 <= num_tokens < 2**63):
+            fp, num_tokens = check_stamp(fp, num_tokens)
+        return slot, self._payload(fp, num_tokens)
+
+    def write(self, slot: int, fp: int, num_tokens: int) -> None:
+        """Stamp ``slot`` with ``(fp, num_tokens)`` in every layer of every stamped tensor. O(layers).
+        Raises :class:`InvalidArgument` (nothing written) for a slot outside the pool or values outside
+        ``0..2**63-1``."""
+        slot, payload = self._checked(slot, fp, num_tokens)
         for view in self._views:
             view[:, slot, :_STAMP_BYTES] = payload
 
     def holds(self, slot: int, fp: int, num_tokens: int) -> bool:
         """Whether every layer of every stamped tensor of ``slot`` holds ``(fp, num_tokens)``. O(layers)."""
-        self._refresh()
-        payload = self._payload(fp, num_tokens)
+        slot, payload = self._checked(slot, fp, num_tokens)
         return all(bool((view[:, slot, :_STAMP_BYTES] == payload).all()) for view in self._views)
