@@ -1,22 +1,24 @@
 """The ``mamba-radix`` command line: ``simulate``, ``sweep``, ``experiment`` and ``plan``.
 
-- ``simulate``: replay one trace (a file, or a seeded synthetic workload) through the real cache under
-  one configuration; prints a summary, optionally appends the JSON-lines record to ``--out``.
+- ``simulate``: replay one trace (a file, the bundled Mooncake trace by default, or a seeded synthetic
+  workload) through the real cache under one configuration; prints a summary, optionally writes the
+  JSON-lines record (``--out``) and one row per request (``--per-request``).
 - ``sweep``: the same flags, but every sweepable flag takes a comma-separated list; the cartesian product
-  runs in ``--jobs`` processes; or ``--definition FILE`` runs an experiment definition. Results as JSON
-  lines, optionally a markdown report with plots (``--report``).
-- ``experiment``: the default experiment (``experiments/default.json``): the Mooncake conversation trace
-  under a Kimi-K3-like per-rank budget; writes ``results.jsonl``, ``report.md`` and PNG plots.
+  runs in ``--jobs`` local processes or as Ray tasks (``--backend ray``); or ``--definition`` runs an
+  experiment definition. Results as JSON lines, optionally a markdown report with plots (``--report``).
+- ``experiment``: an experiment definition (the bundled ``default``: the Mooncake conversation trace under a
+  Kimi-K3 per-rank budget) into a new results folder: ``results.jsonl``, ``report.md`` (compared with the
+  definition's reference results) and PNG plots.
 - ``plan``: the capacity planner (:mod:`mamba_radix.capacity.cli`).
 
-``--peer NAME`` (a list under ``sweep``) applies a peer system's policy preset
-(:mod:`mamba_radix.peers`) after the other flags; a flag given with a value the peer would change is an
-error. Boolean flags are switches (``--disable-overlap-schedule`` alone means true) that also take an
-explicit value (``true``/``false``; a comma list under ``sweep``).
+Flags come from one table (:mod:`mamba_radix.flags`), with SGLang's server-argument names where one
+exists; ``plan`` and ``simulate`` share the model's deployment defaults (:mod:`mamba_radix.defaults`).
 
-Flags carry SGLang's server-argument names where one exists. Errors are one line on stderr and exit
-code 2, never a traceback; progress bars go to stderr and are off when it is not a terminal or with
-``--quiet``.
+Nothing is overwritten silently: ``--out`` files and folders must be new unless ``--force``, and output
+paths are checked before anything runs. Errors of the library (:class:`~mamba_radix.errors.MambaRadixError`)
+and bad flags are one line on stderr (a definition's problems one line each) and exit code 2; anything
+else is a bug and shows its traceback. Progress (in requests, across all runs, with rate and ETA) goes to
+stderr: a bar on a terminal, a line every 30 s otherwise, nothing with ``--quiet``.
 """
 
 from __future__ import annotations
@@ -25,20 +27,23 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from mamba_radix.errors import MambaRadixError
+from mamba_radix.flags import int_in
+
 __all__ = ["main"]
 
 PROG = "mamba-radix"
-DEFAULT_TRACE = "experiments/traces/mooncake_conversation_trace.jsonl"
-DEFAULT_DEFINITION = "experiments/default.json"
-DEFAULT_EXPERIMENT_OUT = "experiments/results/default"
+DEFAULT_RESULTS_DIR = "mamba-radix-results"
+EXTRA_HINT = 'pip install "mamba-radix[experiments]"'
 
 
-class CliError(Exception):
-    """A user error: printed as one line, exit code 2."""
+class CliError(MambaRadixError):
+    """A user error found by the command line itself: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,155 +54,108 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-# ----------------------------------------------------------------------------------------- flag types
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help that keeps the examples' line breaks."""
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+# --------------------------------------------------------------------------------------- flag types
+_LIMIT = int_in(1, 1 << 31)
+_JOBS = int_in(1, 1024)
 
-
-def _list_of(conv: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    def parse(text: str) -> list[Any]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("needs at least one value")
-        return [conv(t) for t in items]
-
-    parse.__name__ = f"list of {getattr(conv, '__name__', 'value')}"
-    return parse
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"must be true or false, got {text}")
-
-
-_bool.__name__ = "bool"
-
-
-def _peer_name(text: str) -> str:
-    from mamba_radix.peers import PEERS
-
-    if text not in PEERS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(PEERS)}, got {text}")
-    return text
-
-
-_peer_name.__name__ = "peer"
-
-
-def _peer_help() -> str:
-    from mamba_radix.peers import PEERS
-
-    return (
-        f"a peer system's cache policy ({', '.join(PEERS)}; mamba_radix.peers), applied after the other "
-        "flags; a flag it sets to another value is an error. vllm-align needs --page-size > 1, which the "
-        "simulator does not support yet"
-    )
-
-
-# (flag, dest, type, default, help, where): "config" = CacheConfig field, "budget", "options", "cost",
-# "peer" (a preset of mamba_radix.peers applied over the config fields). Flags of type _bool are switches:
-# given alone they mean true (as SGLang's), or take an explicit value (a list under sweep).
-# fmt: off
-_SWEEPABLE: list[tuple[str, str, Callable[[str], Any], Any, str, str]] = [
-    ("--mamba-radix-cache-strategy", "mamba_radix_cache_strategy", str, "auto",
-     "auto, no_buffer, extra_buffer or extra_buffer_lazy", "config"),
-    ("--mamba-track-interval", "mamba_track_interval", int, 256, "decode checkpoint every N tokens", "config"),
-    ("--mamba-max-states-per-path", "mamba_max_states_per_path", int, -1,
-     "soft cap on checkpoints per path (-1 = unlimited)", "config"),
-    ("--mamba-cache-chunk-size", "mamba_cache_chunk_size", int, 64, "prefill checkpoint grid (tokens)", "config"),
-    ("--mamba-eviction-order", "mamba_eviction_order", str, "leaf_first",
-     "checkpoint victim order: leaf_first, root_first, mixed or flop_weighted (LRU with a bonus for the "
-     "compute a checkpoint saves)", "config"),
-    ("--mamba-lru-refresh", "mamba_lru_refresh", str, "node", "refresh on hit: node or path", "config"),
-    ("--mamba-checkpoint-admission", "mamba_checkpoint_admission", str, "all",
-     "which prefill chunks checkpoint (extra_buffer): all, or branch_and_end (Marconi: the branch point "
-     "and the input's end only)", "config"),
-    ("--mamba-flop-weight", "mamba_flop_weight", float, 32.0,
-     "flop_weighted: ticks of recency one doubling of saved compute is worth (0 = plain LRU)", "config"),
-    ("--mamba-flop-crossover", "mamba_flop_crossover", int, 65536,
-     "flop_weighted: prefix length (tokens) where attention's quadratic cost equals the linear cost",
-     "config"),
-    ("--chunked-prefill-size", "chunked_prefill_size", int, 8192, "tokens per prefill chunk (-1 = none)", "config"),
-    ("--page-size", "page_size", int, 1, "tokens per KV page (the simulator supports 1)", "config"),
-    ("--disable-overlap-schedule", "disable_overlap_schedule", _bool, False,
-     "no overlap scheduling (ping-pong P = 1); a switch, or true/false", "config"),
-    ("--skip-decode-lock", "skip_decode_lock", _bool, False,
-     "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK; a switch, or true/false", "config"),
-    ("--memory-budget-gb", "budget_gib", float, None,
-     "KV + state memory per rank in GiB (default 27.25: Kimi K3, one TP8 rank)", "budget"),
-    ("--mamba-full-memory-ratio", "mamba_full_memory_ratio", float, 0.9,
-     "state : KV memory ratio r (states get r/(1+r) of the budget)", "budget"),
-    ("--max-mamba-cache-size", "max_mamba_cache_size", int, None, "state slots (overrides the ratio)", "budget"),
-    ("--max-running-requests", "max_running_requests", int, None, "cap on running requests (request rows)",
-     "options"),
-    ("--mode", "mode", str, "timed", "timed (arrivals, concurrency) or sequential (one request at a time)",
-     "options"),
-    ("--arrival-time-scale", "arrival_time_scale", float, 1.0, "multiply trace timestamps by this", "options"),
-    ("--prefill-tokens-per-s", "prefill_tokens_per_s", float, 40_000.0, "cost model: prefill speed", "cost"),
-    ("--decode-step-s", "decode_step_s", float, 0.025, "cost model: seconds per decode step", "cost"),
-    ("--decode-step-per-req-s", "decode_step_per_req_s", float, 0.0002,
-     "cost model: extra seconds per decode step per running request", "cost"),
-    ("--peer", "peer", _peer_name, None, "", "peer"),
-]
-# fmt: on
-_WHERE = ("config", "budget", "options", "cost", "peer")
+EXAMPLES = {
+    "simulate": """examples:
+  mamba-radix simulate --limit 2000                       # bundled Mooncake trace, Kimi K3 rank
+  mamba-radix simulate --limit 500 --kv-tokens 400000 --state-slots 64 --per-request hits.csv
+  mamba-radix simulate --synthetic tree --mode sequential --memory-budget-gb 8 --peer marconi
+  mamba-radix simulate --trace my.jsonl --trace-format token --out run.jsonl --json""",
+    "sweep": """examples:
+  mamba-radix sweep --limit 1000 --mamba-radix-cache-strategy no_buffer,extra_buffer \\
+      --memory-budget-gb 27.25,54.5 --out sweep.jsonl --report sweep-report
+  mamba-radix sweep --definition experiments/peers.json --out peers.jsonl --jobs 4
+  mamba-radix sweep --limit 1000 --mamba-track-interval 128,256,512 --out s.jsonl \\
+      --backend ray --ray-address ray://head:10001""",
+    "experiment": """examples:
+  mamba-radix experiment                                   # the bundled default, a new folder
+  mamba-radix experiment --limit 200 --out quick           # a quick look
+  mamba-radix experiment --definition peers --results-dir experiments/results
+  mamba-radix experiment --out quick --report-only         # redraw report.md and plots""",
+    "plan": """examples:
+  mamba-radix plan --model kimi-k3 --memory-budget-gb 27.25
+  mamba-radix plan --model kimi-k3 --memory-budget-gb 27.25 --input-len 12000 --output-len 300
+  mamba-radix plan --model qwen3-next-80b-a3b --gpu-memory-gb 80 --weights-gb 40 --tp-size 2""",
+}
 
 
 def _add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    from mamba_radix.data import DEFAULT_TRACE
+
     g = p.add_argument_group("trace")
     g.add_argument(
-        "--trace", default=None, help=f"trace file (block or token JSONL; default {DEFAULT_TRACE})"
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help=f"trace file, block (Mooncake) or token JSONL (default: the bundled {DEFAULT_TRACE})",
     )
     g.add_argument(
         "--synthetic",
         choices=["chat", "system-prompt", "agent", "tree"],
         help="use a seeded synthetic workload instead of a trace file",
     )
-    g.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload (default 0)")
-    g.add_argument("--trace-format", choices=["auto", "block", "token"], default="auto")
-    g.add_argument("--block-size", type=_positive_int, default=512, help="tokens per block id (default 512)")
-    g.add_argument("--limit", type=_positive_int, default=None, help="replay only the first N requests")
-
-
-def _add_run_arguments(p: argparse.ArgumentParser, sweep: bool) -> None:
-    g = p.add_argument_group("cache, memory and engine" + (" (comma-separated lists sweep)" if sweep else ""))
-    for flag, dest, conv, default, help_text, _ in _SWEEPABLE:
-        kind = _list_of(conv) if sweep else conv
-        if dest == "peer":
-            g.add_argument(flag, dest=dest, type=kind, default=None, metavar="NAME", help=_peer_help())
-            continue
-        extra: dict[str, Any] = {}
-        if conv is _bool:  # a switch: alone it means true; an explicit value (or list) still works
-            extra = {"nargs": "?", "const": [True] if sweep else True, "metavar": "BOOL"}
-        g.add_argument(
-            flag, dest=dest, type=kind, default=None, help=f"{help_text} (default {default})", **extra
-        )
     g.add_argument(
-        "--model", default="kimi-k3", help="model preset for bytes per token/slot (default kimi-k3)"
+        "--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the synthetic workload (default 0)"
     )
+    g.add_argument("--trace-format", choices=["auto", "block", "token"], default="auto", help="default auto")
+    g.add_argument(
+        "--block-size", type=int_in(1, 1 << 20), default=512, help="tokens per block id (default 512)"
+    )
+    g.add_argument("--limit", type=_LIMIT, default=None, metavar="N", help="replay only the first N requests")
+
+
+def _add_run_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    from mamba_radix.flags import add_flags
+
+    groups = add_flags(p, command)
+    g = groups.get("engine") or p.add_argument_group("engine")
     g.add_argument("--infinite", action="store_true", help="pools nothing fills (the strategy's ideal)")
     g.add_argument("--no-verify-states", action="store_true", help="skip the state-stamp checks (faster)")
     g.add_argument(
-        "--check-invariants-every", type=int, default=0, help="cache.check_invariants() every N requests"
+        "--check-invariants-every",
+        type=int_in(0, 1 << 31),
+        default=0,
+        metavar="N",
+        help="cache.check_invariants() every N finished requests (default 0 = never)",
     )
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _add_backend_arguments(p: argparse.ArgumentParser) -> None:
+    from mamba_radix.sim.ray_backend import RAY_ADDRESS_ENV
+
+    g = p.add_argument_group("where the runs go")
+    g.add_argument("--jobs", type=_JOBS, default=2, help="local worker processes (default 2)")
+    g.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: a process pool here (default); ray: each run a Ray task (needs the [ray] extra)",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help=f"Ray cluster to use (default ${RAY_ADDRESS_ENV}, else a local instance)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Mamba-aware radix prefix cache: simulator, sweeps, planner.")
+    from mamba_radix import __version__
+
+    parser = _Parser(
+        prog=PROG,
+        description="Mamba-aware radix prefix cache: simulator, sweeps, experiments, capacity planner.",
+        epilog="run `mamba-radix COMMAND --help` for a command's flags and examples",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(
         dest="command", metavar="{simulate,sweep,experiment,plan}", parser_class=_Parser
     )
@@ -205,86 +163,133 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser(
         "simulate",
         help="replay one trace under one configuration",
-        description=("Replay a trace through the real MambaRadixCache and pools; print the metrics."),
+        description="Replay a trace through the real MambaRadixCache and pools; print the metrics.",
+        epilog=EXAMPLES["simulate"],
+        formatter_class=_Help,
     )
     _add_trace_arguments(sim)
-    _add_run_arguments(sim, sweep=False)
-    sim.add_argument("--out", help="append the JSON-lines result record to this file")
-    sim.add_argument("--per-request", action="store_true", help="include per-request hits in the record")
-    sim.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
+    _add_run_arguments(sim, "simulate")
+    out = sim.add_argument_group("output")
+    out.add_argument("--out", metavar="FILE", help="write the JSON-lines result record to this new file")
+    out.add_argument(
+        "--per-request",
+        metavar="FILE",
+        help="write one CSV row per request to this new file: index, input_len, hit, kv_hit, ideal, ttft_s",
+    )
+    out.add_argument("--force", action="store_true", help="overwrite --out / --per-request files")
+    out.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
 
     sw = sub.add_parser(
         "sweep",
-        help="run many configurations in parallel processes",
+        help="run many configurations (local processes or Ray)",
         description=(
             "Cartesian product of comma-separated flag values (or an experiment --definition), run in --jobs "
-            "processes; results as JSON lines."
+            "processes or on Ray; results as JSON lines, streamed as runs finish."
         ),
+        epilog=EXAMPLES["sweep"],
+        formatter_class=_Help,
     )
     _add_trace_arguments(sw)
-    _add_run_arguments(sw, sweep=True)
-    sw.add_argument("--definition", help="an experiment definition JSON (instead of flag lists)")
-    sw.add_argument("--jobs", type=_positive_int, default=2, help="worker processes (default 2)")
-    sw.add_argument("--out", required=True, help="results JSON-lines file to write")
-    sw.add_argument("--report", help="also write a markdown report with plots into this directory")
+    _add_run_arguments(sw, "sweep")
+    _add_backend_arguments(sw)
+    o = sw.add_argument_group("output")
+    o.add_argument(
+        "--definition", metavar="FILE", help="an experiment definition (a JSON file or a bundled name)"
+    )
+    o.add_argument(
+        "--out", required=True, metavar="FILE", help="results JSON-lines file to write (a new file)"
+    )
+    o.add_argument("--report", metavar="DIR", help="also write report.md with plots into this new folder")
+    o.add_argument("--force", action="store_true", help="overwrite an existing --out file / --report folder")
 
     ex = sub.add_parser(
         "experiment",
-        help="the default experiment (report with tables and plots)",
+        help="an experiment definition into a new results folder (report with tables and plots)",
         description=(
-            "The Mooncake conversation trace under a Kimi-K3-like per-rank budget: strategies, eviction orders, "
-            "per-path caps, track intervals, memory ratios and budgets. Writes results.jsonl, report.md and PNGs."
+            "Run an experiment definition (default: the bundled `default`, the Mooncake conversation trace under a "
+            "Kimi-K3 per-rank budget, one factor at a time) into a new folder: results.jsonl, run_info.json, "
+            "report.md (compared with the definition's reference results) and PNG plots."
         ),
+        epilog=EXAMPLES["experiment"],
+        formatter_class=_Help,
     )
-    ex.add_argument("--definition", default=DEFAULT_DEFINITION, help=f"default {DEFAULT_DEFINITION}")
+    from mamba_radix.data import bundled_definitions
+
     ex.add_argument(
-        "--out", default=DEFAULT_EXPERIMENT_OUT, help=f"output directory (default {DEFAULT_EXPERIMENT_OUT})"
+        "--definition",
+        default="default",
+        metavar="NAME|FILE",
+        help=f"a bundled definition ({', '.join(bundled_definitions())}) or a JSON file (default: default)",
     )
-    ex.add_argument("--jobs", type=_positive_int, default=2, help="worker processes (default 2)")
     ex.add_argument(
-        "--limit", type=_positive_int, default=None, help="override the definition's request count"
+        "--out", metavar="DIR", help="the results folder (new or empty; default: a new one in --results-dir)"
     )
-    ex.add_argument("--quiet", action="store_true", help="no progress bar")
+    ex.add_argument(
+        "--results-dir",
+        default=DEFAULT_RESULTS_DIR,
+        metavar="DIR",
+        help=f"where a run without --out makes its folder NAME-YYYYmmddTHHMMSSZ (default ./{DEFAULT_RESULTS_DIR})",
+    )
+    ex.add_argument("--force", action="store_true", help="write into a non-empty --out folder (overwrites)")
+    ex.add_argument(
+        "--limit", type=_LIMIT, default=None, metavar="N", help="override the definition's request count"
+    )
+    ex.add_argument("--quiet", action="store_true", help="no progress output")
     ex.add_argument(
         "--report-only", action="store_true", help="redraw report.md and the plots from --out's results.jsonl"
     )
+    _add_backend_arguments(ex)
 
-    pl = sub.add_parser("plan", help="capacity planner: split GPU memory between KV and state slots")
-    try:
-        from mamba_radix.capacity.cli import add_plan_arguments
+    pl = sub.add_parser(
+        "plan",
+        help="capacity planner: split GPU memory between KV and state slots",
+        description="Size the full-KV and state pools of a hybrid model as SGLang does, and recommend a split.",
+        epilog=EXAMPLES["plan"],
+        formatter_class=_Help,
+    )
+    from mamba_radix.capacity.cli import add_plan_arguments
 
-        add_plan_arguments(pl)
-    except ImportError:  # pragma: no cover - the planner lands separately
-        pl.set_defaults(_plan_missing=True)
+    add_plan_arguments(pl)
     return parser
 
 
 # -------------------------------------------------------------------------------------------- helpers
-def _progress(total: int | None, desc: str, quiet: bool) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="req",
-        file=sys.stderr,
-        disable=quiet or not sys.stderr.isatty(),
-        dynamic_ncols=True,
-        leave=False,
-    )
+def _need_experiments_extra(what: str) -> None:
+    """Fail now (before any run) when the plotting extra is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliError(f"{what} draws plots and needs the [experiments] extra: {EXTRA_HINT}") from None
 
 
-def _single_params(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {w: {} for w in _WHERE}
-    for _, dest, _, _, _, where in _SWEEPABLE:
-        value = getattr(args, dest)
-        if value is not None:
-            out[where][dest] = value
+def _params_from_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The given table flags, by where they go (a flag left out is absent: the library default holds)."""
+    from mamba_radix.flags import FLAGS
+
+    out: dict[str, dict[str, Any]] = {
+        w: {} for w in ("config", "budget", "options", "cost", "peer", "deployment")
+    }
+    for f in FLAGS():
+        if f.where in out and hasattr(args, f.dest):
+            value = getattr(args, f.dest)
+            if value is not None:
+                out[f.where][f.dest] = value
     return out
 
 
+_BUDGET_KEYS = {
+    "memory_budget_gb": "budget_gib",
+    "mamba_full_memory_ratio": "mamba_full_memory_ratio",
+    "max_mamba_cache_size": "max_mamba_cache_size",
+    "kv_tokens": "kv_tokens",
+    "state_slots": "state_slots",
+}
+
+
 def _trace_source(args: argparse.Namespace) -> tuple[str, list[Any] | None]:
-    """(trace path, in-memory requests for --synthetic)."""
+    """(trace path, in-memory requests for --synthetic). A missing trace, or a folder, is an error now."""
+    from mamba_radix.sim.sweep import resolve_trace, trace_problem
+
     if args.synthetic:
         if args.trace:
             raise CliError("give either --trace or --synthetic, not both")
@@ -294,9 +299,16 @@ def _trace_source(args: argparse.Namespace) -> tuple[str, list[Any] | None]:
         if args.limit:
             requests = requests[: args.limit]
         return f"synthetic:{args.synthetic}:seed={args.seed}", requests
-    path = args.trace or DEFAULT_TRACE
-    if not os.path.isfile(path):
-        raise CliError(f"trace file not found: {path}")
+    if args.trace is None:
+        from mamba_radix.data import trace_path
+
+        return str(trace_path()), None
+    path = (
+        args.trace if os.path.isabs(args.trace) or os.path.exists(args.trace) else resolve_trace(args.trace)
+    )
+    problem = trace_problem(path)
+    if problem:
+        raise CliError(problem)
     return path, None
 
 
@@ -314,8 +326,18 @@ def _make_spec(
     options = dict(params["options"])
     options["verify_states"] = not args.no_verify_states
     options["check_invariants_every"] = args.check_invariants_every
-    if getattr(args, "per_request", False):
+    if getattr(args, "per_request", None):
         options["keep_per_request"] = True
+    budget = {_BUDGET_KEYS[k]: v for k, v in params["budget"].items()}
+    model = getattr(args, "model", None) or "kimi-k3"
+    if "budget_gib" not in budget:
+        from mamba_radix.defaults import deployment_for
+
+        budget["budget_gib"] = deployment_for(model).memory_budget_gib
+    if args.infinite and ({"kv_tokens", "state_slots", "max_mamba_cache_size"} & set(budget)):
+        raise CliError(
+            "--infinite sizes the pools itself; drop --kv-tokens/--state-slots/--max-mamba-cache-size"
+        )
     spec = RunSpec(
         run_id=run_id,
         trace=trace,
@@ -323,16 +345,87 @@ def _make_spec(
         block_size=args.block_size,
         limit=args.limit,
         config=params["config"],
-        model=args.model,
+        model=model,
         infinite=args.infinite,
         options=options,
         cost=params["cost"],
         peer=params["peer"].get("peer"),
         synthetic=synthetic,
-        **params["budget"],
+        deployment=params["deployment"],
+        **budget,
     )
     spec.validate()
     return spec
+
+
+def _progress_for(specs: Sequence[Any], desc: str, quiet: bool) -> Any:
+    from mamba_radix.sim.progress import Progress
+    from mamba_radix.sim.sweep import count_requests
+
+    total = sum(count_requests(s) for s in specs)
+    every = float(os.environ.get("MAMBA_RADIX_PROGRESS_EVERY_S", "30"))
+    return Progress(total, len(specs), desc, quiet=quiet, every_s=every)
+
+
+def _run_specs(
+    specs: Sequence[Any], args: argparse.Namespace, out: str | Path, desc: str, force: bool
+) -> list[dict[str, Any]]:
+    """Run ``specs`` with progress in requests across all runs; records streamed into ``out``."""
+    from mamba_radix.sim.sweep import count_requests, run_sweep
+
+    sizes = {s.run_id: count_requests(s) for s in specs}
+    with _progress_for(specs, desc, args.quiet) as progress:
+        return run_sweep(
+            specs,
+            jobs=args.jobs,
+            out_path=out,
+            on_done=lambda rec: progress.run_done(rec["run_id"], sizes.get(rec["run_id"], 0)),
+            on_progress=progress.update,
+            backend=args.backend,
+            ray_address=args.ray_address,
+            overwrite=force,
+        )
+
+
+def _check_new_dir(path: Path, force: bool, what: str) -> None:
+    """``path`` must be a new or empty folder (or anything with ``force``), its parent must exist."""
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{what} {path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise CliError(
+            f"{what} {path} is not empty; pick a new folder, or pass --force to overwrite its files"
+        )
+    if not path.exists() and not path.parent.is_dir():
+        raise CliError(f"folder {path.parent} (for {what} {path.name}) does not exist; create it first")
+
+
+def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    import csv
+
+    columns = ["index", "input_len", "hit", "kv_hit", "ideal", "ttft_s"]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for row in sorted(rows, key=lambda r: r["index"]):
+            w.writerow(row)
+
+
+def _warn_unfit(spec: Any, trace: str, requests: Sequence[Any] | None, quiet: bool) -> None:
+    """Say before the run when the longest request cannot fit the KV pool (the engine cannot run it)."""
+    from mamba_radix.sim.sweep import spec_pools, trace_facts
+
+    if spec.infinite:
+        return
+    if requests is not None:
+        longest = max((r.input_len + r.output_len for r in requests), default=0)
+    else:
+        longest = trace_facts(trace, spec.trace_format, spec.block_size, spec.limit)[0].max_seq_len
+    pools = spec_pools(spec, spec.cache_config(), 0, 0, 0)
+    if longest > pools.kv_tokens and not quiet:
+        sys.stderr.write(
+            f"{PROG}: warning: the longest request ({longest:,} tokens) does not fit the KV pool "
+            f"({pools.kv_tokens:,} tokens); requests that long cannot run\n"
+        )
 
 
 def _format_summary(rec: dict[str, Any]) -> str:
@@ -377,20 +470,31 @@ def _format_summary(rec: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------- commands
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from mamba_radix.sim.sweep import run_one
+    from mamba_radix.sim.progress import Progress
+    from mamba_radix.sim.sweep import check_new_file, run_one
 
+    out = check_new_file(args.out, args.force) if args.out else None
+    per_request = (
+        check_new_file(args.per_request, args.force, "per-request file") if args.per_request else None
+    )
+    if out is not None and per_request is not None and out.resolve() == per_request.resolve():
+        raise CliError("--out and --per-request name the same file")
     trace, requests = _trace_source(args)
-    spec = _make_spec(args, "simulate", _single_params(args), trace)
-    total = len(requests) if requests is not None else args.limit
-    if total is None:
-        from mamba_radix.sim.traces import scan_trace
+    spec = _make_spec(args, "simulate", _params_from_flags(args), trace)
+    _warn_unfit(spec, trace, requests, args.quiet)
+    from mamba_radix.sim.sweep import count_requests
 
-        total = scan_trace(trace, args.trace_format, args.block_size).num_requests
-    with _progress(total, "simulate", args.quiet) as bar:
-        rec = run_one(spec, progress=lambda n: bar.update(n - bar.n), requests=requests)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
+    total = len(requests) if requests is not None else count_requests(spec)
+    every = float(os.environ.get("MAMBA_RADIX_PROGRESS_EVERY_S", "30"))
+    with Progress(total, 1, "simulate", quiet=args.quiet, every_s=every) as progress:
+        rec = run_one(spec, progress=lambda n: progress.update("simulate", n), requests=requests)
+        progress.run_done("simulate", total)
+    rows = rec.pop("per_request", None) if per_request is not None else None
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as f:
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    if per_request is not None:
+        _write_per_request(per_request, rows or [])
     if args.json:
         print(json.dumps(rec["metrics"] | {"cache_stats": rec["cache_stats"]}, indent=2))
     else:
@@ -398,76 +502,116 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from mamba_radix.sim.sweep import expand_definition
+def _definition_file(name: str) -> Path:
+    """A definition given as a file path, or as the name of a bundled one (``default``, ``peers``)."""
+    if os.path.exists(name) or os.sep in name:
+        return Path(name)
+    from mamba_radix.data import bundled_definitions, definition_path
 
+    if name in bundled_definitions():
+        return definition_path(name)
+    return Path(name)  # missing: load_definition says so
+
+
+def _expand(path: Path, limit: int | None) -> tuple[dict[str, Any], list[Any]]:
+    """Load and expand a definition, every problem found first (traces included)."""
+    from mamba_radix.sim.sweep import expand_definition, load_definition
+
+    definition = load_definition(path)
+    if limit:
+        definition["limit"] = limit
+    return definition, expand_definition(definition, base_dir=path.parent, check_traces=True)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from mamba_radix.sim.sweep import check_new_file
+
+    check_new_file(args.out, args.force)
+    report_dir = Path(args.report) if args.report else None
+    if report_dir is not None:
+        _check_new_dir(report_dir, args.force, "report folder")
+        _need_experiments_extra("sweep --report")
+    definition: dict[str, Any] | None = None
     if args.definition:
-        definition = _load_definition(args.definition)
-        specs = expand_definition(definition, base_dir=".")
+        definition, specs = _expand(_definition_file(args.definition), args.limit)
     else:
         import itertools
+
+        from mamba_radix.flags import FLAGS
 
         trace, requests = _trace_source(args)
         # a synthetic workload is generated again inside each worker (seeded: the same requests)
         synthetic = None if requests is None else {"generator": args.synthetic, "seed": args.seed}
-        lists = {dest: getattr(args, dest) for _, dest, *_ in _SWEEPABLE if getattr(args, dest) is not None}
+        where = {f.dest: f.where for f in FLAGS() if "sweep" in f.commands}
+        lists = {d: getattr(args, d) for d in where if getattr(args, d, None) is not None}
+        single = {d: v for d, v in lists.items() if not isinstance(v, list)}  # non-sweepable flags
+        lists = {d: v for d, v in lists.items() if isinstance(v, list)}
         keys = list(lists)
         specs = []
-        where = {dest: w for _, dest, _, _, _, w in _SWEEPABLE}
         for i, values in enumerate(itertools.product(*(lists[k] for k in keys))):
-            params: dict[str, dict[str, Any]] = {w: {} for w in _WHERE}
-            for k, v in zip(keys, values, strict=True):
-                params[where[k]][k] = v
+            params: dict[str, dict[str, Any]] = {
+                w: {} for w in ("config", "budget", "options", "cost", "peer", "deployment")
+            }
+            for k, v in [*single.items(), *zip(keys, values, strict=True)]:
+                if where[k] in params:
+                    params[where[k]][k] = v
             specs.append(_make_spec(args, f"{i:03d}", params, trace, synthetic))
-        definition = None
-    records = _run_with_bar(specs, args.jobs, args.out, getattr(args, "quiet", False))
+    records = _run_specs(specs, args, args.out, "sweep", args.force)
     failed = [r for r in records if "error" in r]
     for r in failed:
         sys.stderr.write(f"{PROG} sweep: run {r['run_id']} failed: {r['error']}\n")
-    if args.report:
+    if report_dir is not None:
         from mamba_radix.sim.report import write_report
 
-        write_report(records, args.report, definition=definition)
+        write_report(records, report_dir, definition=definition or _sweep_definition(records))
     print(
         f"{len(records) - len(failed)} runs written to {args.out}"
-        + (f"; report in {args.report}" if args.report else "")
+        + (f"; report in {report_dir}" if report_dir else "")
     )
     return 1 if failed else 0
 
 
-def _run_with_bar(specs: Sequence[Any], jobs: int, out: str | Path, quiet: bool) -> list[dict[str, Any]]:
-    from mamba_radix.sim.sweep import run_sweep
+def _sweep_definition(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Plots for a flag sweep: the hit rate against each swept parameter (one series per other one)."""
+    from mamba_radix.sim.report import sweep_plots
 
-    with _progress(len(specs), "runs", quiet) as bar:
-        bar.unit = "run"
-        return run_sweep(specs, jobs=jobs, out_path=out, on_done=lambda _: bar.update(1))
+    return {"title": "mamba_radix sweep", "plots": sweep_plots(records)}
 
 
-def _load_definition(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        raise CliError(f"experiment definition not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+def _new_results_dir(root: Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = root / f"{name}-{stamp}"
+    n = 2
+    while path.exists():  # two runs within a second
+        path, n = root / f"{name}-{stamp}-{n}", n + 1
+    return path
+
+
+def _load_reference(definition: dict[str, Any], base: Path) -> tuple[list[dict[str, Any]] | None, str | None]:
+    ref = definition.get("reference")
+    if not ref:
+        return None, None
+    from mamba_radix.sim.report import load_records
+
+    path = (base / ref) if not os.path.isabs(ref) else Path(ref)
+    if not path.is_file():
+        return None, f"{ref} (not found)"
+    return load_records(path), str(ref)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    import time
-
     from mamba_radix.sim.report import write_report
-    from mamba_radix.sim.sweep import expand_definition
 
-    definition = _load_definition(args.definition)
-    if args.limit:
-        definition["limit"] = args.limit
-    base_dir = Path(args.definition).resolve().parent.parent  # definitions live in <repo>/experiments/
-    specs = expand_definition(definition, base_dir=base_dir)
-    out_dir = Path(args.out)
+    _need_experiments_extra("experiment")
+    path = _definition_file(args.definition)
+    definition, specs = _expand(path, args.limit)
+    reference, reference_name = _load_reference(definition, path.parent)
     if args.report_only:
         from mamba_radix.sim.report import load_records
 
+        if not args.out:
+            raise CliError("--report-only redraws an existing results folder: give it as --out")
+        out_dir = Path(args.out)
         results = out_dir / "results.jsonl"
         if not results.is_file():
             raise CliError(f"no results to report: {results} not found; run the experiment first")
@@ -477,33 +621,56 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             else {}
         )
         report = write_report(
-            load_records(results), out_dir, definition, info.get("runtime_s"), info.get("jobs")
-        )
+            load_records(results), out_dir, definition, info.get("runtime_s"), info.get("jobs"),
+            reference=reference, reference_name=reference_name,
+        )  # fmt: skip
         print(f"report: {report}")
         return 0
+    if args.out:
+        out_dir = Path(args.out)
+        _check_new_dir(out_dir, args.force, "results folder")
+    else:
+        root = Path(args.results_dir)
+        if root.exists() and not root.is_dir():
+            raise CliError(f"--results-dir {root} is not a folder")
+        out_dir = _new_results_dir(root, path.stem)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if not args.quiet:
-        sys.stderr.write(
-            f"{PROG} experiment: {len(specs)} runs x {definition.get('limit') or 'all'} requests of "
-            f"{Path(definition['trace']).name}, {args.jobs} processes\n"
+        where = (
+            f"Ray ({args.ray_address or os.environ.get('RAY_ADDRESS') or 'local'})"
+            if args.backend == "ray"
+            else f"{args.jobs} processes"
         )
-    records = _run_with_bar(specs, args.jobs, out_dir / "results.jsonl", args.quiet)
+        sys.stderr.write(
+            f"{PROG} experiment: {path.stem}, {len(specs)} runs x {definition.get('limit') or 'all'} requests of "
+            f"{Path(str(definition['trace'])).name}, {where}; writing {out_dir}\n"
+        )
+    records = _run_specs(specs, args, out_dir / "results.jsonl", "experiment", args.force)
     elapsed = time.perf_counter() - start
-    (out_dir / "run_info.json").write_text(
-        json.dumps({"runtime_s": round(elapsed, 1), "jobs": args.jobs}) + "\n"
-    )
+    from mamba_radix import __version__
+
+    info = {
+        "runtime_s": round(elapsed, 1),
+        "jobs": args.jobs if args.backend == "local" else None,
+        "backend": args.backend,
+        "definition": str(args.definition),
+        "limit": definition.get("limit"),
+        "version": __version__,
+    }
+    (out_dir / "run_info.json").write_text(json.dumps(info) + "\n")
     failed = [r for r in records if "error" in r]
     for r in failed:
         sys.stderr.write(f"{PROG} experiment: run {r['run_id']} failed: {r['error']}\n")
-    report = write_report(records, out_dir, definition=definition, runtime_s=elapsed, jobs=args.jobs)
+    report = write_report(
+        records, out_dir, definition=definition, runtime_s=elapsed, jobs=info["jobs"],
+        reference=reference, reference_name=reference_name,
+    )  # fmt: skip
     print(f"{len(records) - len(failed)}/{len(records)} runs in {elapsed:.0f} s; report: {report}")
     return 1 if failed else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    if getattr(args, "_plan_missing", False):
-        raise CliError("the capacity planner is not installed in this build")
     from mamba_radix.capacity.cli import run_plan
 
     return run_plan(args)
@@ -517,18 +684,33 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def error_lines(exc: MambaRadixError) -> list[str]:
+    """The lines a library error prints as: one per problem of a definition, else its first line; Python
+    argument names mapped to the flags that set them (:func:`mamba_radix.flags.flag_message`)."""
+    from mamba_radix.flags import flag_message
+    from mamba_radix.sim.sweep import DefinitionError
+
+    if isinstance(exc, DefinitionError):
+        lines = exc.problems
+    else:
+        text = str(exc)
+        lines = [text.splitlines()[0] if text else type(exc).__name__]
+    return [flag_message(line) for line in lines]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point. Returns the exit code: 0 ok, 1 some sweep runs failed, 2 bad input."""
+    """Entry point. Returns the exit code: 0 ok, 1 some sweep runs failed, 2 bad input.
+
+    Only the library's errors (:class:`MambaRadixError`) and usage errors become one-line messages; any
+    other exception propagates with its traceback (it is a bug)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+    except SystemExit as exc:  # --help / --version (0) or a usage error (2, already printed)
         return int(exc.code or 0)
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
-    from mamba_radix.errors import MambaRadixError
-
     try:
         import torch
 
@@ -537,9 +719,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (CliError, MambaRadixError, OSError, ValueError, KeyError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"{PROG} {args.command}: error: {message}\n")
+    except MambaRadixError as exc:
+        for line in error_lines(exc):
+            sys.stderr.write(f"{PROG} {args.command}: error: {line}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG} {args.command}: interrupted\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -55,7 +56,19 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> None:
             ("--mamba-radix-cache-strategy",),
         ),
         (["simulate", "--synthetic", "chat", "--mamba-full-memory-ratio", "0.001"], ("ratio",)),
-        (["simulate", "--synthetic", "chat", "--page-size", "16"], ("--page-size",)),
+        (["simulate", "--check-invariants-every", "-1"], ("--check-invariants-every", "from 0")),
+        (["simulate", "--limit", "x"], ("--limit", "integer")),
+        (["simulate", "--memory-budget-gb", "1e15"], ("--memory-budget-gb",)),
+        (["simulate", "--memory-budget-gb", "inf"], ("--memory-budget-gb",)),
+        (["plan", "--input-len", "1000000000000", "--output-len", "10"], ("--input-len",)),
+        (["plan", "--output-len", "1000000000000000", "--input-len", "10"], ("--output-len",)),
+        (["simulate", "--trace", "/"], ("is a folder",)),
+        (["simulate", "--synthetic", "chat", "--out", "/nonexistent/dir/r.jsonl"], ("does not exist",)),
+        (["simulate", "--synthetic", "chat", "--kv-tokens", "1000"], ("both",)),
+        (
+            ["simulate", "--synthetic", "chat", "--kv-tokens", "100000000000", "--state-slots", "8"],
+            ("--kv-tokens",),
+        ),
         (["sweep", "--out", "/tmp/x.jsonl", "--definition", "/nonexistent.json"], ("not found",)),
         (["experiment", "--definition", "/nonexistent.json"], ("not found",)),
     ],
@@ -81,15 +94,24 @@ def test_bad_trace_row_reports_file_line_and_field(
 def test_simulate_synthetic_prints_and_writes_a_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "r.jsonl"
+    out, rows = tmp_path / "r.jsonl", tmp_path / "per_request.csv"
     argv = ["simulate", "--synthetic", "agent", "--seed", "3", "--mode", "sequential", "--quiet", "--out", str(out),
-            "--mamba-radix-cache-strategy", "extra_buffer", "--memory-budget-gb", "4", "--per-request"]  # fmt: skip
+            "--mamba-radix-cache-strategy", "extra_buffer", "--memory-budget-gb", "4", "--per-request", str(rows)]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "token hit rate" in text and "KV-only matched" in text
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["params"]["strategy"] == "extra_buffer" and rec["params"]["budget_gib"] == 4.0
-    assert rec["metrics"]["requests"] == len(rec["per_request"]) and rec["metrics"]["cached_tokens"] > 0
+    table = list(csv.DictReader(rows.open()))
+    assert list(table[0]) == ["index", "input_len", "hit", "kv_hit", "ideal", "ttft_s"]
+    assert [int(r["index"]) for r in table] == list(range(rec["metrics"]["requests"]))
+    assert sum(int(r["hit"]) for r in table) == rec["metrics"]["cached_tokens"] > 0
+    assert sum(int(r["kv_hit"]) for r in table) == rec["metrics"]["kv_matched_tokens"]
+    assert sum(int(r["input_len"]) for r in table) == rec["metrics"]["input_tokens"]
+    # neither file is overwritten without --force, and nothing runs when one exists
+    assert main(argv) == 2
+    _one_line_error(capsys, str(out), "exists", "--force")
+    assert main([*argv, "--force"]) == 0
 
 
 def test_simulate_json_on_the_bundled_trace(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +188,7 @@ def test_experiment_writes_report_and_plots(tmp_path: Path, capsys: pytest.Captu
 
 # ----------------------------------------------------------------------------------------------- peers
 def test_peer_flag_conflicting_with_an_explicit_flag_is_one_line_and_exit_2(
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["simulate", "--synthetic", "tree", "--quiet", "--peer", "marconi", "--mamba-eviction-order", "leaf_first"]  # fmt: skip
     assert main(argv) == 2
@@ -175,27 +197,27 @@ def test_peer_flag_conflicting_with_an_explicit_flag_is_one_line_and_exit_2(
         err == "mamba-radix simulate: error: --mamba-eviction-order conflicts with --peer marconi; drop one\n"
     )
     # under sweep the check runs per combination, before anything runs: no results file is written
-    argv = ["sweep", "--synthetic", "tree", "--quiet", "--out", "/nonexistent/dir/x.jsonl",
+    argv = ["sweep", "--synthetic", "tree", "--quiet", "--out", str(tmp_path / "x.jsonl"),
             "--peer", "sglang,marconi", "--mamba-lru-refresh", "path"]  # fmt: skip
     assert main(argv) == 2
     _one_line_error(capsys, "--mamba-lru-refresh conflicts with --peer sglang; drop one")
+    assert not (tmp_path / "x.jsonl").exists()
     assert main(["simulate", "--synthetic", "tree", "--peer", "vllm"]) == 2
     _one_line_error(capsys, "--peer", "marconi")
-    assert main(["simulate", "--synthetic", "tree", "--quiet", "--peer", "vllm-align"]) == 2
-    _one_line_error(capsys, "--page-size 1 only", "vllm-align")
 
 
 def test_simulate_with_a_peer_records_it_and_applies_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "r.jsonl"
-    common = ["simulate", "--synthetic", "tree", "--seed", "1", "--mode", "sequential", "--quiet", "--out", str(out),
+    common = ["simulate", "--synthetic", "tree", "--seed", "1", "--mode", "sequential", "--quiet",
               "--memory-budget-gb", "4", "--chunked-prefill-size", "512"]  # fmt: skip
     # the value the peer sets anyway is not a conflict
-    assert main([*common, "--peer", "marconi", "--mamba-eviction-order", "flop_weighted"]) == 0
+    outs = [tmp_path / "marconi.jsonl", tmp_path / "sglang.jsonl"]
+    argv = [*common, "--out", str(outs[0]), "--peer", "marconi", "--mamba-eviction-order", "flop_weighted"]
+    assert main(argv) == 0
     assert "peer                marconi (admission branch_and_end" in capsys.readouterr().out
-    assert main([*common, "--peer", "sglang"]) == 0
-    marconi, sglang = (json.loads(line) for line in out.read_text().splitlines())
+    assert main([*common, "--out", str(outs[1]), "--peer", "sglang"]) == 0
+    marconi, sglang = (json.loads(o.read_text()) for o in outs)
     assert (marconi["params"]["peer"], sglang["params"]["peer"]) == ("marconi", "sglang")
     assert marconi["params"]["mamba_checkpoint_admission"] == "branch_and_end"
     # multi-chunk prompts (root 1,000 tokens, chunks of 512): marconi keeps fewer prefill checkpoints
@@ -265,11 +287,11 @@ def test_boolean_flags_are_switches_that_take_a_value(
 
 
 def test_a_switch_changes_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "r.jsonl"
-    base = ["simulate", "--synthetic", "chat", "--limit", "3", "--quiet", "--out", str(out)]
-    assert main([*base, "--disable-overlap-schedule"]) == 0
-    assert main([*base, "--disable-overlap-schedule", "false"]) == 0
-    on, off = (json.loads(line)["params"] for line in out.read_text().splitlines())
+    base = ["simulate", "--synthetic", "chat", "--limit", "3", "--quiet"]
+    outs = [tmp_path / "on.jsonl", tmp_path / "off.jsonl"]
+    assert main([*base, "--out", str(outs[0]), "--disable-overlap-schedule"]) == 0
+    assert main([*base, "--out", str(outs[1]), "--disable-overlap-schedule", "false"]) == 0
+    on, off = (json.loads(o.read_text())["params"] for o in outs)
     # auto resolves to no_buffer without overlap scheduling, to extra_buffer with it
     assert (on["disable_overlap_schedule"], on["strategy"]) == (True, "no_buffer")
     assert (off["disable_overlap_schedule"], off["strategy"]) == (False, "extra_buffer")

@@ -14,86 +14,52 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mamba_radix.capacity.memory import GIB, Parallelism, gib, kib, mib, torch_dtype_name
-from mamba_radix.capacity.models import PRESETS, load_model
+from mamba_radix.capacity.models import load_model
 from mamba_radix.capacity.planner import Plan, Workload, decode_slots_in_use, plan
 from mamba_radix.capacity.sizing import DEFAULT_MAMBA_FULL_MEMORY_RATIO, MemoryBudget, SizingInputs
-from mamba_radix.config import STRATEGIES, CacheConfig
+from mamba_radix.config import CacheConfig
+from mamba_radix.defaults import deployment_for
 from mamba_radix.errors import ConfigError, MambaRadixError
 
 __all__ = ["add_plan_arguments", "build_inputs", "build_workload", "format_plan", "main", "run_plan"]
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``plan`` flags (SGLang's names where SGLang has the flag) to ``parser``."""
-    m = parser.add_argument_group("model and parallelism")
-    m.add_argument("--model", required=True, help=f"preset ({', '.join(PRESETS)}) or a JSON model file")
-    m.add_argument("--tp-size", type=int, default=1)
-    m.add_argument("--dcp-size", type=int, default=1, help="decode context parallel size (shards KV tokens)")
-    m.add_argument(
-        "--context-length", type=int, default=None, help="model context length (SGLang's estimate)"
-    )
+    """Add the ``plan`` flags to ``parser``: the rows of :mod:`mamba_radix.flags` that ``plan`` uses (SGLang's
+    names where SGLang has the flag; the model's deployment defaults shared with ``simulate``)."""
+    from mamba_radix.flags import add_flags
 
-    d = parser.add_argument_group("dtypes")
-    d.add_argument("--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, fp8_e4m3, fp8_e5m2")
-    d.add_argument(
-        "--mamba-ssm-dtype", default=None, help="float32, bfloat16, float16 (default: the model's)"
-    )
-    d.add_argument(
-        "--mamba-conv-dtype", default="bfloat16", help="SGLANG_MAMBA_CONV_DTYPE (default bfloat16)"
-    )
-
-    b = parser.add_argument_group("memory (per GPU; GB = GiB as in SGLang)")
-    b.add_argument("--memory-budget-gb", type=float, default=None, help="memory left for KV + state pools")
-    b.add_argument("--gpu-memory-gb", type=float, default=None, help="GPU memory (with --weights-gb)")
-    b.add_argument("--mem-fraction-static", type=float, default=0.9)
-    b.add_argument("--weights-gb", type=float, default=None, help="weights per GPU (with --gpu-memory-gb)")
-    b.add_argument("--mamba-full-memory-ratio", type=float, default=DEFAULT_MAMBA_FULL_MEMORY_RATIO)
-    b.add_argument("--max-mamba-cache-size", type=int, default=None, help="state slots (overrides the ratio)")
-    b.add_argument(
-        "--max-total-tokens", type=int, default=None, help="cap (or, without a budget, size) of KV"
-    )
-    b.add_argument("--max-running-requests", type=int, default=None)
-
-    c = parser.add_argument_group("cache and scheduling")
-    c.add_argument("--mamba-radix-cache-strategy", default="auto", choices=STRATEGIES)
-    c.add_argument("--disable-overlap-schedule", action="store_true")
-    c.add_argument("--skip-decode-lock", action="store_true", help="SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
-    c.add_argument("--disable-radix-cache", action="store_true")
-    c.add_argument("--page-size", type=int, default=1)
-    c.add_argument("--chunked-prefill-size", type=int, default=8192)
-    c.add_argument("--mamba-cache-chunk-size", type=int, default=64)
-    c.add_argument("--mamba-track-interval", type=int, default=256)
-    c.add_argument("--mamba-max-states-per-path", type=int, default=-1)
-
-    s = parser.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-num-draft-tokens", type=int, default=0, help="verify tokens per step")
-    s.add_argument("--enable-linear-replayssm-spec", action="store_true", help="allocate ReplaySSM rings")
-    s.add_argument("--linear-replayssm-cache-len", type=int, default=16, help="ring length L (power of two)")
-
-    w = parser.add_argument_group("workload (for the recommendation)")
-    w.add_argument("--input-len", type=int, default=None)
-    w.add_argument("--output-len", type=int, default=None)
-    w.add_argument("--random-range-ratio", type=float, default=1.0, help="bench_serving's range ratio")
-    w.add_argument("--trace", default=None, help="JSONL trace (Mooncake block format); lengths only")
-    w.add_argument("--concurrency", type=int, default=None, help="target running requests")
+    add_flags(parser, "plan")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def _given(args: argparse.Namespace, name: str, default: object = None) -> object:
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
 def build_inputs(args: argparse.Namespace) -> SizingInputs:
-    """Turn parsed flags into validated :class:`SizingInputs` (raises ConfigError)."""
-    model = load_model(args.model)
-    cache = CacheConfig(
-        page_size=args.page_size,
-        mamba_radix_cache_strategy=args.mamba_radix_cache_strategy,
-        disable_overlap_schedule=args.disable_overlap_schedule,
-        mamba_track_interval=args.mamba_track_interval,
-        mamba_cache_chunk_size=args.mamba_cache_chunk_size,
-        mamba_max_states_per_path=args.mamba_max_states_per_path,
-        chunked_prefill_size=args.chunked_prefill_size,
-        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
-        skip_decode_lock=args.skip_decode_lock,
-        disable_radix_cache=args.disable_radix_cache,
+    """Turn parsed flags into validated :class:`SizingInputs` (raises ConfigError). Flags left out take
+    the defaults of :class:`CacheConfig` and of the model's deployment (:func:`deployment_for`)."""
+    model_name = _given(args, "model", "kimi-k3")
+    model = load_model(str(model_name))
+    dep = deployment_for(
+        str(model_name),
+        tp_size=args.tp_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        mamba_ssm_dtype=args.mamba_ssm_dtype,
+        mamba_conv_dtype=args.mamba_conv_dtype,
     )
+    cache_fields = {
+        name: getattr(args, name)
+        for name in (
+            "page_size", "mamba_radix_cache_strategy", "disable_overlap_schedule", "mamba_track_interval",
+            "mamba_cache_chunk_size", "mamba_max_states_per_path", "chunked_prefill_size",
+            "speculative_num_draft_tokens", "skip_decode_lock", "disable_radix_cache",
+        )
+        if getattr(args, name, None) is not None
+    }  # fmt: skip
+    cache = CacheConfig(**cache_fields)
     budget = None
     if args.memory_budget_gb is not None:
         if args.gpu_memory_gb is not None:
@@ -102,23 +68,25 @@ def build_inputs(args: argparse.Namespace) -> SizingInputs:
     elif args.gpu_memory_gb is not None:
         if args.weights_gb is None:
             raise ConfigError("--gpu-memory-gb needs --weights-gb (the weights each GPU holds)")
-        budget = MemoryBudget.from_gpu(args.gpu_memory_gb, args.mem_fraction_static, args.weights_gb)
+        budget = MemoryBudget.from_gpu(
+            args.gpu_memory_gb, _given(args, "mem_fraction_static", 0.9), args.weights_gb
+        )
     return SizingInputs(
         model=model,
-        parallelism=Parallelism(args.tp_size, args.dcp_size),
+        parallelism=Parallelism(dep.tp_size, _given(args, "dcp_size", 1)),
         cache=cache,
-        kv_cache_dtype=args.kv_cache_dtype,
-        mamba_ssm_dtype=args.mamba_ssm_dtype,
-        mamba_conv_dtype=args.mamba_conv_dtype,
-        enable_linear_replayssm_spec=args.enable_linear_replayssm_spec,
-        linear_replayssm_cache_len=args.linear_replayssm_cache_len,
+        kv_cache_dtype=dep.kv_cache_dtype,
+        mamba_ssm_dtype=dep.mamba_ssm_dtype,
+        mamba_conv_dtype=dep.mamba_conv_dtype,
+        enable_linear_replayssm_spec=bool(args.enable_linear_replayssm_spec),
+        linear_replayssm_cache_len=_given(args, "linear_replayssm_cache_len", 16),
         budget=budget,
-        mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+        mamba_full_memory_ratio=_given(args, "mamba_full_memory_ratio", DEFAULT_MAMBA_FULL_MEMORY_RATIO),
         max_mamba_cache_size=args.max_mamba_cache_size,
         max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests,
         context_len=args.context_length,
-    )
+    )  # type: ignore[arg-type]
 
 
 def build_workload(args: argparse.Namespace) -> Workload | None:
@@ -290,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_plan(args)
     except MambaRadixError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from mamba_radix.flags import flag_message
+
+        print(f"mamba-radix plan: error: {flag_message(str(exc).splitlines()[0])}", file=sys.stderr)
         return 2
 
 

@@ -76,7 +76,7 @@ def results_table(records: Sequence[dict[str, Any]]) -> str:
     peer preset, when any run has one)."""
     show_peer = _has_peer(records)
     header = [
-        "run", "group", "strategy", "evict", "cap", "interval", "ratio", "GiB", "KV tokens", "slots",
+        "run", "group", "strategy", "evict", "refresh", "cap", "interval", "ratio", "GiB", "KV tokens", "slots",
         "max run", "hit %", "∞-cap hit %", "ideal %", "KV-only Mtok", "recomp. Mtok", "ckpt ins/skip/evict/cap",
         "copies GiB", "peak run (bound)", "TTFT p50/p90 s", "wall s",
     ]  # fmt: skip
@@ -99,10 +99,11 @@ def results_table(records: Sequence[dict[str, Any]]) -> str:
                     p.get("group", ""),
                     p["strategy"],
                     p["mamba_eviction_order"],
+                    p["mamba_lru_refresh"],
                     str(p["mamba_max_states_per_path"]),
                     str(p["mamba_track_interval"]),
-                    "-" if p["infinite"] else _label(p["mamba_full_memory_ratio"]),
-                    "∞" if p["infinite"] else _num(p["budget_gib"], 2),
+                    "-" if p["infinite"] or p.get("kv_tokens") else _label(p["mamba_full_memory_ratio"]),
+                    _num(float(pools["budget_gib"]), 2),
                     _num(pools["kv_tokens"]),
                     _num(pools["state_slots"]),
                     str(pools.get("max_running_requests_effective", pools["max_running_requests"])),
@@ -145,8 +146,8 @@ def compact_table(records: Sequence[dict[str, Any]]) -> str:
         row = [
             r["run_id"], p.get("group", ""), p["strategy"], p["mamba_eviction_order"], p["mamba_lru_refresh"],
             str(p["mamba_max_states_per_path"]), str(p["mamba_track_interval"]),
-            "-" if p["infinite"] else _label(p["mamba_full_memory_ratio"]),
-            "∞" if p["infinite"] else _num(p["budget_gib"], 2), _num(r["pools"]["state_slots"]),
+            "-" if p["infinite"] or p.get("kv_tokens") else _label(p["mamba_full_memory_ratio"]),
+            _num(float(r["pools"]["budget_gib"]), 2), _num(r["pools"]["state_slots"]),
             _pct(m["token_hit_rate"]), _mtok(m["kv_only_matched_tokens"]), str(st.get("states_evicted", "-")),
             str(m["peak_running"]), _num(m["ttft_p50_s"], 2),
         ]  # fmt: skip
@@ -233,6 +234,53 @@ def _value(r: dict[str, Any], key: str) -> Any:
     return r["params"].get(key)
 
 
+# how parameters are named on axes and legends: the flag that sets them (mamba_radix.flags), not the field
+_PARAM_LABELS = {"strategy": "strategy (resolved)", "budget_gib": "--memory-budget-gb", "peer": "--peer"}
+# values that are not on the parameter's scale: drawn last, labelled, set apart
+_SPECIAL_VALUES = {
+    "mamba_max_states_per_path": {-1: "no cap (-1)"},
+    "chunked_prefill_size": {-1: "none (-1)"},
+}
+
+
+def param_label(key: str) -> str:
+    """The name a plot gives parameter ``key``: its flag where one sets it, else the key."""
+    if key in _PARAM_LABELS:
+        return _PARAM_LABELS[key]
+    from mamba_radix.flags import FLAGS
+
+    return next((f.flag for f in FLAGS() if f.dest == key), key)
+
+
+def _is_special(key: str, value: Any) -> bool:
+    return value in _SPECIAL_VALUES.get(key, {})
+
+
+def _category_label(key: str, value: Any) -> str:
+    return _SPECIAL_VALUES.get(key, {}).get(value, _label(value))
+
+
+def _mark_zoomed_y(ax: Any, scale: float) -> None:
+    """A y axis that does not start at 0 says so on the plot (small differences look large otherwise)."""
+    lo = ax.get_ylim()[0]
+    if lo <= 0:
+        return
+    unit = "%" if scale == 100.0 else ""
+    ax.annotate(
+        f"y axis zoomed: starts at {lo:.3g}{unit}, not 0",
+        (0.01, 0.01),
+        xycoords="axes fraction",
+        ha="left",
+        va="bottom",
+        fontsize=7,
+        color="firebrick",
+    )
+    # the usual broken-axis mark on the left spine
+    kw = {"transform": ax.transAxes, "color": "firebrick", "clip_on": False, "linewidth": 1}
+    for y in (0.015, 0.035):
+        ax.plot((-0.015, 0.015), (y - 0.01, y + 0.01), **kw)
+
+
 def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Path) -> bool:
     import matplotlib
 
@@ -245,7 +293,8 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
     lines: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
     finite = [r for r in runs if not r["params"].get("infinite")]
     categories = sorted(
-        {_value(r, x_key) for r in finite}, key=lambda v: (v is None, v == -1, 0 if v is None else v)
+        {_value(r, x_key) for r in finite},
+        key=lambda v: (v is None, _is_special(x_key, v), 0 if v is None else v),
     )
     for r in finite:
         name = tuple(r["params"].get(k) for k in series_keys)
@@ -256,21 +305,25 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
         return False
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if spec.get("categorical"):
-        ax.set_xticks(range(len(categories)), [_label(c) for c in categories])
+        ax.set_xticks(range(len(categories)), [_category_label(x_key, c) for c in categories])
+        special = [i for i, c in enumerate(categories) if _is_special(x_key, c)]
+        if special and len(special) < len(categories):
+            # "no cap" is not a number past the largest cap: a dashed rule sets it apart
+            ax.axvline(special[0] - 0.5, color="gray", linestyle="--", linewidth=0.8)
     scale = 100.0 if y_key.endswith("rate") else 1.0
     ordered = sorted(lines.items(), key=lambda kv: [str(v) for v in kv[0]])
+    single = len(ordered) == 1  # one series: no legend entry (the axis labels say what it is)
     for i, (name, pts) in enumerate(ordered):
         pts.sort()
+        label = None if single else " / ".join(_label(v) for v in name)
         if spec.get("categorical"):
             # Categories are not a scale: markers only (a line would invent values between them), each
             # series nudged sideways so that coinciding points of different series stay visible.
             shift = (i - (len(ordered) - 1) / 2) * 0.08
             ax.plot([p[0] + shift for p in pts], [p[1] * scale for p in pts], marker="o", linestyle="none",
-                    markersize=7, label=" / ".join(map(str, name)))  # fmt: skip
+                    markersize=7, label=label)  # fmt: skip
         else:
-            ax.plot(
-                [p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=" / ".join(map(str, name))
-            )
+            ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=label)
     if y_key == "token_hit_rate" and spec.get("references", True):
         ideal = [r["metrics"]["ideal_hit_rate"] for r in runs]
         if ideal:
@@ -298,12 +351,17 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
         xs = sorted({p[0] for pts in lines.values() for p in pts})
         ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.minorticks_off()
-    ax.set_xlabel(spec.get("xlabel", x_key))
+    ax.set_xlabel(
+        spec.get("xlabel", param_label(x_key))
+        + (" (categories, not to scale)" if spec.get("categorical") else "")
+    )
     ax.set_ylabel(spec.get("ylabel", "token hit rate (%)" if y_key == "token_hit_rate" else y_key))
     ax.set_title(spec.get("title", ""), fontsize=10)
     ax.grid(True, alpha=0.3)
+    _mark_zoomed_y(ax, scale)
     if ax.get_legend_handles_labels()[1]:  # a single unnamed series needs no legend
-        ax.legend(fontsize=7, title=" / ".join(series_keys) if series_keys else None, title_fontsize=7)
+        title = " / ".join(param_label(k) for k in series_keys) if series_keys and not single else None
+        ax.legend(fontsize=7, title=title, title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -332,13 +390,20 @@ def _pressure_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path
         ax_slot.plot(t, [100 * v for v in slots], linewidth=1, color=line.get_color(), label=label)
         reserved = [u / c for u, c in zip(ts["slots_reserved"], ts["slot_capacity"], strict=True)]
         ax_slot.plot(t, [100 * v for v in reserved], linewidth=0.8, linestyle="--", color=line.get_color())
-    ax_kv.set_ylabel("KV tokens used (%)")
+    # kv_used_tokens counts the decode KV running requests are owed (reserved at admission, allocated
+    # segment by segment), so it can pass the pool's size: the axis says so and the pool is drawn
+    ax_kv.set_ylabel("KV tokens allocated + owed\nto running decodes (% of pool)")
     ax_slot.set_ylabel("state slots used (%)\n(dashed: held by running requests)")
     ax_slot.set_xlabel("simulated time (s)")
     for ax in (ax_kv, ax_slot):
-        ax.set_ylim(0, 105)
+        top = max(105.0, ax.get_ylim()[1])
+        ax.set_ylim(0, top)
+        ax.axhline(100, color="black", linewidth=0.8, linestyle="-", alpha=0.6)
+        ax.annotate("pool size", (0.0, 100), xycoords=("axes fraction", "data"), ha="left", va="bottom",
+                    fontsize=7, color="black")  # fmt: skip
         ax.grid(True, alpha=0.3)
-    ax_kv.legend(fontsize=7, title=" / ".join(spec.get("series", ["strategy"])), title_fontsize=7)
+    if len(runs) > 1:
+        ax_kv.legend(fontsize=7, title=" / ".join(param_label(k) for k in series), title_fontsize=7)
     ax_kv.set_title(spec.get("title", ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -352,10 +417,14 @@ def write_report(
     definition: dict[str, Any] | None = None,
     runtime_s: float | None = None,
     jobs: int | None = None,
+    reference: Sequence[dict[str, Any]] | None = None,
+    reference_name: str | None = None,
 ) -> Path:
     """Write ``report.md`` and the plots into ``out_dir``; return the report's path.
 
-    Side effects: creates ``out_dir`` and overwrites the files it writes. O(runs * samples).
+    ``reference``: the records of a reference run of the same definition (e.g. the committed one); the
+    report then says, run by run, how its numbers compare (:func:`reference_comparison`).
+    Side effects: creates ``out_dir`` and overwrites the files it writes. O(runs * samples + runs^2).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -402,6 +471,10 @@ def write_report(
                 lines += [spec["caption"], ""]
             if spec.get("x") == "mamba_eviction_order":
                 lines += [*order_comparisons(_select(ok, spec.get("groups"), spec.get("where"))), ""]
+    if reference is not None or reference_name:
+        lines += ["## Compared with the reference", ""]
+        lines += reference_comparison(records, reference or [], reference_name or "the reference")
+        lines.append("")
     lines += ["## Summary", "", compact_table(records), ""]
     lines += [
         "## All runs",
@@ -420,3 +493,108 @@ def write_report(
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+# parameters that say nothing about a run's outcome, ignored when matching a run with its reference
+_NOT_MATCHED = {"group", "verify_states", "check_invariants_every", "keep_per_request", "num_samples"}
+
+
+def _match_key(params: dict[str, Any], keys: set[str]) -> str:
+    return json.dumps({k: params.get(k) for k in sorted(keys)}, sort_keys=True, default=str)
+
+
+def reference_comparison(
+    records: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], name: str
+) -> list[str]:
+    """Markdown lines comparing each run with the reference run of the same parameters: identical
+    outcomes (cached tokens, KV matches, evictions, ...) or the hit-rate difference; runs without a
+    reference and a different request count are said as such. O(runs + reference runs)."""
+    ok = [r for r in records if "error" not in r]
+    ref_ok = [r for r in reference if "error" not in r]
+    if not ref_ok:
+        return [f"No reference results ({name})."]
+    limits = {r["params"].get("limit") for r in ok}
+    ref_limits = {r["params"].get("limit") for r in ref_ok}
+    if limits != ref_limits:
+        return [
+            f"The reference ({name}) replayed {', '.join(map(str, sorted(ref_limits, key=str)))} requests per "
+            f"run, this run {', '.join(map(str, sorted(limits, key=str)))}: the numbers are not comparable, "
+            "so none are compared (run without --limit to compare)."
+        ]
+    # match on the parameters both sides record (a newer version may record more)
+    keys = (
+        set().union(*(r["params"] for r in ok)) & set().union(*(r["params"] for r in ref_ok))
+    ) - _NOT_MATCHED
+    by_key = {_match_key(r["params"], keys): r for r in ref_ok}
+    rows, identical, missing = [], 0, 0
+    for r in sorted(ok, key=lambda r: str(r["run_id"])):
+        ref = by_key.get(_match_key(r["params"], keys))
+        if ref is None:
+            missing += 1
+            rows.append(
+                f"| {r['run_id']} | {r['params'].get('group', '')} | {_pct(r['metrics']['token_hit_rate'])} | - | - | no reference run |"
+            )
+            continue
+        same = all(r["metrics"].get(k) == ref["metrics"].get(k) for k in _OUTCOME_METRICS) and all(
+            r["cache_stats"].get(k) == ref["cache_stats"].get(k) for k in _OUTCOME_STATS
+        )
+        identical += same
+        diff = 100 * (r["metrics"]["token_hit_rate"] - ref["metrics"]["token_hit_rate"])
+        rows.append(
+            f"| {r['run_id']} | {r['params'].get('group', '')} | {_pct(r['metrics']['token_hit_rate'])} | "
+            f"{_pct(ref['metrics']['token_hit_rate'])} | {diff:+.2f} | {'identical' if same else 'differs'} |"
+        )
+    head = (
+        f"{identical} of {len(ok)} runs identical to the reference ({name}: same cached tokens, KV matches, "
+        f"prefill tokens, peak running, simulated time and evictions)"
+        + (f"; {missing} without a reference run" if missing else "")
+        + "."
+    )
+    return [
+        head,
+        "",
+        "| run | group | hit % | reference hit % | difference (points) | outcome |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+# parameters a flag sweep can vary, in the order plots are made; the rest are bookkeeping
+_SWEEP_AXES_SKIP = {"group", "trace", "limit", "cost", "model", "run_id", "verify_states", "check_invariants_every",
+                    "keep_per_request", "num_samples", "decode_step_events", "mamba_radix_cache_strategy"}  # fmt: skip
+
+
+def sweep_plots(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plot specs for a sweep without a definition: the hit rate against each parameter that varies
+    (one series per combination of the other varying ones), plus KV and slot pressure over time when
+    there are few runs. O(runs * params)."""
+    ok = [r for r in records if "error" not in r]
+    if len(ok) < 2:
+        return []
+    varying = []
+    for key in ok[0]["params"]:
+        if key in _SWEEP_AXES_SKIP:
+            continue
+        values = {json.dumps(r["params"].get(key), sort_keys=True, default=str) for r in ok}
+        if len(values) > 1:
+            varying.append(key)
+    plots: list[dict[str, Any]] = []
+    for key in varying:
+        values = [r["params"].get(key) for r in ok]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        special = any(_is_special(key, v) for v in values)
+        plots.append(
+            {
+                "kind": "line",
+                "file": f"hit_vs_{key}.png",
+                "x": key,
+                "series": [k for k in varying if k != key],
+                "categorical": not numeric or special,
+                "title": f"Token hit rate against {param_label(key)}",
+                "references": True,
+            }
+        )
+    if len(ok) <= 8 and any(r.get("timeseries") for r in ok):
+        plots.append({"kind": "pressure", "file": "pressure.png", "series": varying or ["strategy"],
+                      "title": "KV-token and state-slot pressure over time"})  # fmt: skip
+    return plots

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba_radix.config import CacheConfig
+from mamba_radix.defaults import Deployment, deployment_for
 from mamba_radix.errors import ConfigError
 from mamba_radix.peers import PEERS, apply_peer, peer_changes
 from mamba_radix.sim.budget import (
@@ -46,14 +47,19 @@ __all__ = [
     "BACKENDS",
     "DefinitionError",
     "RunSpec",
+    "check_new_file",
     "count_requests",
     "expand_definition",
     "infinite_pools",
+    "load_definition",
+    "open_results",
     "peer_config",
     "resolve_trace",
     "run_one",
     "run_sweep",
+    "spec_pools",
     "trace_facts",
+    "trace_problem",
 ]
 
 CONFIG_FIELDS = {f.name for f in fields(CacheConfig)}
@@ -67,6 +73,7 @@ BUDGET_FIELDS = {
     "kv_tokens",
     "state_slots",
 }
+DEPLOYMENT_FIELDS = {"tp_size", "kv_cache_dtype", "mamba_ssm_dtype", "mamba_conv_dtype"}
 BACKENDS = ("local", "ray")
 # a worker reports a run's finished requests at most this often (seconds): progress without chatter
 PROGRESS_EVERY_S = 0.5
@@ -128,6 +135,9 @@ class RunSpec:
     # exact pool sizes (both or neither): instead of splitting budget_gib
     kv_tokens: int | None = None
     state_slots: int | None = None
+    # the model's deployment overrides (tp_size, kv_cache_dtype, mamba_ssm_dtype, mamba_conv_dtype):
+    # the rest comes from mamba_radix.defaults.deployment_for(model), as in `plan`
+    deployment: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
     group: str = ""
@@ -153,6 +163,16 @@ class RunSpec:
         if self.kv_tokens is not None and self.infinite:
             raise ConfigError("infinite pools and exact kv_tokens/state_slots exclude each other; drop one")
         EngineOptions(cost=CostModel(**self.cost), **self.options)  # bad options fail here, not mid-sweep
+        unknown = set(self.deployment) - DEPLOYMENT_FIELDS
+        if unknown:
+            raise ConfigError(
+                f"unknown deployment field(s) {sorted(unknown)}; known: {sorted(DEPLOYMENT_FIELDS)}"
+            )
+        model_bytes(self.model, self.deployment_defaults())  # a bad model, TP size or dtype fails here
+
+    def deployment_defaults(self) -> Deployment:
+        """The model's deployment (:func:`mamba_radix.defaults.deployment_for`) with this run's overrides."""
+        return deployment_for(self.model, **self.deployment)
 
     def params(self) -> dict[str, Any]:
         """The flat parameters of this run, as they appear in results and tables (the config fields
@@ -171,6 +191,8 @@ class RunSpec:
             kv_tokens=self.kv_tokens,
             state_slots=self.state_slots,
         )
+        dep = self.deployment_defaults()
+        out.update({k: getattr(dep, k) for k in sorted(DEPLOYMENT_FIELDS)})
         out.update(asdict(EngineOptions(**self.options)) | {"cost": asdict(CostModel(**self.cost))})
         return out
 
@@ -201,10 +223,15 @@ def synthetic_requests(synthetic: dict[str, Any], limit: int | None = None) -> l
 
 
 def infinite_pools(
-    config: CacheConfig, input_tokens: int, output_tokens: int, num_requests: int, model: str
+    config: CacheConfig,
+    input_tokens: int,
+    output_tokens: int,
+    num_requests: int,
+    model: str,
+    deployment: Deployment | None = None,
 ) -> PoolSizes:
     """Pools no trace of this size can fill: every token and every checkpoint it could ever create."""
-    mb = model_bytes(model)
+    mb = model_bytes(model, deployment)
     interval = max(1, config.mamba_track_interval)
     chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else 1 << 30
     checkpoints = num_requests * 3 + input_tokens // min(chunk, 64) + output_tokens // interval
@@ -315,12 +342,13 @@ def spec_pools(
     spec: RunSpec, config: CacheConfig, input_tokens: int, output_tokens: int, num_requests: int
 ) -> PoolSizes:
     """The pools of a run: infinite, exact (``kv_tokens`` and ``state_slots``) or split from the budget."""
+    dep = spec.deployment_defaults()
     if spec.infinite:
-        return infinite_pools(config, input_tokens, output_tokens, num_requests, spec.model)
+        return infinite_pools(config, input_tokens, output_tokens, num_requests, spec.model, dep)
     if spec.kv_tokens is not None and spec.state_slots is not None:
-        return exact_pools(config, spec.kv_tokens, spec.state_slots, spec.model)
+        return exact_pools(config, spec.kv_tokens, spec.state_slots, spec.model, dep)
     return pools_for_budget(
-        config, spec.budget_gib, spec.mamba_full_memory_ratio, spec.max_mamba_cache_size, spec.model
+        config, spec.budget_gib, spec.mamba_full_memory_ratio, spec.max_mamba_cache_size, spec.model, dep
     )
 
 
@@ -417,16 +445,26 @@ def _run_safely(spec: RunSpec, progress: Callable[[int], None] | None = None) ->
         return {"run_id": spec.run_id, "params": spec.params(), "error": f"{type(exc).__name__}: {exc}"}
 
 
-def open_results(path: str | Path, overwrite: bool = False) -> Any:
-    """Open a new results file for writing. Refuses (:class:`ConfigError`) an existing file unless
-    ``overwrite``, a missing parent folder, a folder given as the file. Side effects: creates the file."""
+def check_new_file(path: str | Path, overwrite: bool = False, what: str = "results file") -> Path:
+    """Check, before any work, that ``path`` can be written as a new file: refuses (:class:`ConfigError`)
+    a folder, a missing or read-only parent folder, and an existing file unless ``overwrite``. No side
+    effects; O(1)."""
     target = Path(path)
     if target.is_dir():
-        raise ConfigError(f"results file {target} is a folder; name a file")
-    if not target.parent.is_dir():
-        raise ConfigError(f"folder {target.parent} of results file {target.name} does not exist; create it")
+        raise ConfigError(f"{what} {target} is a folder; name a file")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ConfigError(f"folder {parent} of {what} {target.name} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"folder {parent} of {what} {target.name} is not writable")
     if target.exists() and not overwrite:
-        raise ConfigError(f"results file {target} exists; pick a new name or pass overwrite (--force)")
+        raise ConfigError(f"{what} {target} exists; pick a new name or pass overwrite (--force)")
+    return target
+
+
+def open_results(path: str | Path, overwrite: bool = False) -> Any:
+    """Open a new results file for writing (:func:`check_new_file` first). Side effects: creates it."""
+    target = check_new_file(path, overwrite)
     try:
         return open(target, "w" if overwrite else "x", encoding="utf-8")  # the caller closes it
     except OSError as exc:
@@ -533,9 +571,13 @@ def _collect(
 
 # ------------------------------------------------------------------------------------- definitions
 def _split_params(params: dict[str, Any], where: str, problems: list[str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"config": {}, "options": {}, "cost": {}, "budget": {}, "peer": {}}
+    out: dict[str, dict[str, Any]] = {
+        "config": {}, "options": {}, "cost": {}, "budget": {}, "peer": {}, "deployment": {}
+    }  # fmt: skip
     for key, value in params.items():
-        if key == "peer":
+        if key in DEPLOYMENT_FIELDS:
+            out["deployment"][key] = value
+        elif key == "peer":
             if value is not None and value not in PEERS:
                 problems.append(f"{where}: peer must be one of {', '.join(PEERS)} or null, got {value!r}")
                 continue
@@ -672,6 +714,7 @@ def expand_definition(
                     cost=parts["cost"],
                     group=name,
                     peer=parts["peer"].get("peer"),
+                    deployment=parts["deployment"],
                     **parts["budget"],
                 )
                 spec.validate()  # early, with the flag name in the message

@@ -1,0 +1,377 @@
+"""One table of the command-line flags of ``simulate``, ``sweep`` and ``plan``: name, type with bounds,
+help, default, and where the value goes. ``mamba_radix.cli`` and ``mamba_radix.capacity.cli`` build their
+parsers from it, so a flag's help and default are written once.
+
+Defaults are not restated here: a cache flag's default is its :class:`~mamba_radix.config.CacheConfig`
+field's, a cost flag's its :class:`~mamba_radix.sim.engine.CostModel` field's, a deployment flag's the
+model's (:mod:`mamba_radix.defaults`). Every numeric flag has bounds, so an absurd value (``--input-len
+1e12``, ``--memory-budget-gb 1e15``, ``--check-invariants-every -1``) is a usage error before any work.
+
+:func:`flag_message` maps the Python argument names in a library error (``budget_gib``, ``kv_tokens``) to
+the flags that set them. No side effects on import (the cost defaults are read on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+__all__ = [
+    "FLAGS",
+    "MAX_SEQ_TOKENS",
+    "Flag",
+    "add_flags",
+    "bool_value",
+    "flag_message",
+    "float_in",
+    "int_in",
+]
+
+# longest request or length any command accepts (tokens): 2^27 = 134M, 500x a 262k context
+MAX_SEQ_TOKENS = 1 << 27
+MAX_GIB = float(1 << 20)  # 1 PiB: more memory per rank than anything real
+
+
+# ------------------------------------------------------------------------------------------- types
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """A flag type: an integer from ``lo`` to ``hi`` (inclusive); the error says the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {lo:,} to {hi:,}, got {text!r}"
+            ) from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be an integer from {lo:,} to {hi:,}, got {text}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_in(lo: float, hi: float, lo_open: bool = False) -> Callable[[str], float]:
+    """A flag type: a finite number in ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``)."""
+    span = f"{'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number {span}, got {text!r}") from None
+        if not math.isfinite(value) or value < lo or (lo_open and value == lo) or value > hi:
+            raise argparse.ArgumentTypeError(f"must be a number {span}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def bool_value(text: str) -> bool:
+    """A switch's explicit value: true/false, yes/no, on/off, 1/0."""
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text}")
+
+
+bool_value.__name__ = "bool"
+
+
+def choice(options: Iterable[str]) -> Callable[[str], str]:
+    opts = tuple(options)
+
+    def parse(text: str) -> str:
+        if text not in opts:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(opts)}, got {text}")
+        return text
+
+    parse.__name__ = "choice"
+    return parse
+
+
+def _peer(text: str) -> str:
+    from mamba_radix.peers import PEERS
+
+    return choice(PEERS)(text)
+
+
+_peer.__name__ = "peer"
+
+
+# --------------------------------------------------------------------------------------------- table
+SIM = frozenset({"simulate", "sweep"})
+ALL = frozenset({"simulate", "sweep", "plan"})
+PLAN = frozenset({"plan"})
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag. ``where``: ``config`` (a CacheConfig field), ``budget``, ``deployment``, ``options``
+    (EngineOptions), ``cost`` (CostModel), ``peer``, ``plan`` (the planner only), ``trace``, ``run``.
+    ``default``: shown in help and used by the planner; None with ``default_text`` for computed ones.
+    ``switch``: a boolean that alone means true. ``sweep``: a comma list under ``sweep``."""
+
+    flag: str
+    where: str
+    kind: Callable[[str], Any]
+    help: str
+    commands: frozenset[str] = SIM
+    group: str = "cache"
+    default: Any = None
+    default_text: str | None = None
+    switch: bool = False
+    sweep: bool = True
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+
+def _config_default(name: str) -> Any:
+    from mamba_radix.config import CacheConfig
+
+    for f in fields(CacheConfig):
+        if f.name == name:
+            return f.default if f.default is not MISSING else None
+    return MISSING
+
+
+def _cost_default(name: str) -> Any:
+    from mamba_radix.sim.engine import CostModel
+
+    return getattr(CostModel(), name)
+
+
+def _choices(name: str, fallback: tuple[str, ...]) -> tuple[str, ...]:
+    from mamba_radix import config
+
+    return tuple(getattr(config, "_CHOICES", {}).get(name, fallback))
+
+
+def _cache_flags() -> list[Flag]:
+    from mamba_radix.config import STRATEGIES
+
+    # (flag, type, help, commands): defaults come from CacheConfig
+    rows: list[tuple[str, Callable[[str], Any], str, frozenset[str], bool]] = [
+        ("--mamba-radix-cache-strategy", choice(STRATEGIES),
+         f"checkpoint strategy: {', '.join(STRATEGIES)} (auto: extra_buffer with overlap scheduling)", ALL, False),
+        ("--mamba-track-interval", int_in(1, MAX_SEQ_TOKENS), "decode checkpoint every N tokens", ALL, False),
+        ("--mamba-max-states-per-path", int_in(-1, 1 << 20),
+         "soft cap on checkpoints per root-to-leaf path (-1 = no cap)", ALL, False),
+        ("--mamba-cache-chunk-size", int_in(1, 1 << 20), "prefill checkpoint grid (tokens)", ALL, False),
+        ("--mamba-eviction-order", choice(_choices("mamba_eviction_order", ("leaf_first",))),
+         "checkpoint victim order among equally recent ones: leaf_first, root_first, mixed, or "
+         "flop_weighted (LRU with a bonus for the compute a checkpoint saves)", SIM, False),
+        ("--mamba-lru-refresh", choice(_choices("mamba_lru_refresh", ("node", "path"))),
+         "what a hit refreshes: the matched node, or the whole path", SIM, False),
+        ("--mamba-checkpoint-admission", choice(_choices("mamba_checkpoint_admission", ("all",))),
+         "which prefill chunks checkpoint (extra_buffer): all, or branch_and_end (Marconi: the branch "
+         "point and the input's end only)", SIM, False),
+        ("--mamba-flop-weight", float_in(0.0, 1e9),
+         "flop_weighted: ticks of recency one doubling of saved compute is worth (0 = plain LRU)", SIM, False),
+        ("--mamba-flop-crossover", int_in(1, 1 << 40),
+         "flop_weighted: prefix length (tokens) where attention's quadratic cost equals the linear cost",
+         SIM, False),
+        ("--mamba-slot-headroom", choice(_choices("mamba_slot_headroom", ("exact", "per_chunk"))),
+         "state-slot eviction: exact (SGLang 0.5.23: the slots a request takes, when it takes them) or "
+         "per_chunk (0.5.20: keep 3 free before every prefill chunk)", SIM, False),
+        ("--mamba-kv-only-leaves", bool_value,
+         "keep checkpoint-less ancestors of a deleted leaf as KV-only leaves (SGLang 0.5.23)", SIM, True),
+        ("--mamba-decode-insert", bool_value,
+         "insert each decode checkpoint into the tree at once (not SGLang: an opt-in policy)", SIM, True),
+        ("--chunked-prefill-size", int_in(-1, MAX_SEQ_TOKENS), "tokens per prefill chunk (-1 = no chunking)",
+         ALL, False),
+        ("--page-size", int_in(1, 1 << 16), "tokens per KV page", ALL, False),
+        ("--disable-overlap-schedule", bool_value, "no overlap scheduling (ping-pong P = 1)", ALL, True),
+        ("--skip-decode-lock", bool_value, "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", ALL, True),
+    ]  # fmt: skip
+    out = []
+    for flag, kind, text, commands, switch in rows:
+        default = _config_default(flag[2:].replace("-", "_"))
+        if default is MISSING:  # a field this CacheConfig does not have (yet): no flag
+            continue
+        out.append(Flag(flag, "config", kind, text, commands, "cache", default, switch=switch))
+    return out
+
+
+def _other_flags() -> list[Flag]:
+    from mamba_radix.capacity.memory import CONV_DTYPES, KV_CACHE_DTYPES, SSM_DTYPES
+    from mamba_radix.capacity.models import PRESETS
+    from mamba_radix.defaults import DEPLOYMENTS
+
+    def per_model(attr: str, generic: str) -> str:
+        listed = ", ".join(f"{m}: {getattr(d, attr)}" for m, d in DEPLOYMENTS.items())
+        return f"the model's deployment ({listed}; others {generic})"
+
+    slots = f"state slots ({'overrides the ratio'})"
+    return [
+        # model and deployment (the same defaults in plan and simulate: mamba_radix.defaults)
+        Flag("--model", "deployment", str, f"model preset ({', '.join(PRESETS)}) or a JSON model file",
+             ALL, "model", "kimi-k3", sweep=False, metavar="NAME"),
+        Flag("--tp-size", "deployment", int_in(1, 1024), "tensor parallel size", ALL, "model",
+             default_text=per_model("tp_size", "1"), sweep=False),
+        Flag("--dcp-size", "plan", int_in(1, 1024), "decode context parallel size (shards KV tokens)", PLAN,
+             "model", 1),
+        Flag("--context-length", "plan", int_in(1, MAX_SEQ_TOKENS), "model context length (SGLang's estimate "
+             "of max_running_requests)", PLAN, "model", default_text="the model's"),
+        Flag("--kv-cache-dtype", "deployment", choice(["auto", *KV_CACHE_DTYPES]), "KV cache dtype", ALL,
+             "model", default_text=per_model("kv_cache_dtype", "auto"), sweep=False),
+        Flag("--mamba-ssm-dtype", "deployment", choice(SSM_DTYPES), "SSM state dtype", ALL, "model",
+             default_text=per_model("mamba_ssm_dtype", "the model's own"), sweep=False),
+        Flag("--mamba-conv-dtype", "deployment", choice(CONV_DTYPES), "conv state dtype (SGLANG_MAMBA_CONV_DTYPE)",
+             ALL, "model", "bfloat16", sweep=False),
+        # memory
+        Flag("--memory-budget-gb", "budget", float_in(0.0, MAX_GIB, lo_open=True),
+             "KV + state memory per rank in GiB (SGLang's GB)", ALL, "memory",
+             default_text="the model's deployment (kimi-k3: 27.25, one TP8 rank) for simulate; none for plan"),
+        Flag("--gpu-memory-gb", "plan", float_in(0.0, MAX_GIB, lo_open=True), "GPU memory (with --weights-gb)",
+             PLAN, "memory"),
+        Flag("--mem-fraction-static", "plan", float_in(0.0, 1.0, lo_open=True), "SGLang's static memory fraction",
+             PLAN, "memory", 0.9),
+        Flag("--weights-gb", "plan", float_in(0.0, MAX_GIB), "weights per GPU (with --gpu-memory-gb)", PLAN, "memory"),
+        Flag("--mamba-full-memory-ratio", "budget", float_in(0.0, 1e3, lo_open=True),
+             "state : KV memory ratio r (states get r/(1+r) of the budget)", ALL, "memory", 0.9),
+        Flag("--max-mamba-cache-size", "budget", int_in(1, 1 << 22), slots, ALL, "memory"),
+        Flag("--kv-tokens", "budget", int_in(1, 1 << 28), "KV pool size in tokens, exactly (with --state-slots; "
+             "instead of a budget)", SIM, "memory"),
+        Flag("--state-slots", "budget", int_in(1, 1 << 22), "state pool size in slots, exactly (with --kv-tokens)",
+             SIM, "memory"),
+        Flag("--max-total-tokens", "plan", int_in(1, 1 << 36), "cap (or, without a budget, size) of the KV pool",
+             PLAN, "memory"),
+        Flag("--max-running-requests", "options", int_in(1, 1 << 20), "cap on running requests (request rows)",
+             ALL, "memory"),
+        # engine
+        Flag("--mode", "options", choice(["timed", "sequential"]),
+             "timed (arrivals and concurrency) or sequential (one request at a time)", SIM, "engine", "timed"),
+        Flag("--arrival-time-scale", "options", float_in(0.0, 1e6, lo_open=True), "multiply trace timestamps by this",
+             SIM, "engine", 1.0),
+        Flag("--prefill-tokens-per-s", "cost", float_in(0.0, 1e12, lo_open=True), "cost model: prefill speed",
+             SIM, "engine", default_text="cost:prefill_tokens_per_s"),
+        Flag("--decode-step-s", "cost", float_in(0.0, 1e3), "cost model: seconds per decode step", SIM, "engine",
+             default_text="cost:decode_step_s"),
+        Flag("--decode-step-per-req-s", "cost", float_in(0.0, 1e3),
+             "cost model: extra seconds per decode step per running request", SIM, "engine",
+             default_text="cost:decode_step_per_req_s"),
+        Flag("--peer", "peer", _peer, "a peer system's cache policy (mamba_radix.peers), applied after the other "
+             "flags; a flag it sets to another value is an error", SIM, "cache", metavar="NAME"),
+        # plan only
+        Flag("--disable-radix-cache", "plan", bool_value, "no prefix caching (one slot per request)", PLAN, "cache",
+             False, switch=True),
+        Flag("--speculative-num-draft-tokens", "plan", int_in(0, 1024), "verify tokens per step", PLAN,
+             "speculative", 0),
+        Flag("--enable-linear-replayssm-spec", "plan", bool_value, "allocate ReplaySSM rings", PLAN, "speculative",
+             False, switch=True),
+        Flag("--linear-replayssm-cache-len", "plan", int_in(1, 1 << 16), "ring length L (a power of two)", PLAN,
+             "speculative", 16),
+        Flag("--input-len", "plan", int_in(1, MAX_SEQ_TOKENS), "input tokens per request", PLAN, "workload"),
+        Flag("--output-len", "plan", int_in(1, MAX_SEQ_TOKENS), "output tokens per request", PLAN, "workload"),
+        Flag("--random-range-ratio", "plan", float_in(0.0, 1.0), "bench_serving's range ratio", PLAN, "workload", 1.0),
+        Flag("--trace", "plan", str, "JSONL trace (Mooncake block format); lengths only", PLAN, "workload",
+             metavar="FILE"),
+        Flag("--concurrency", "plan", int_in(1, 1 << 20), "target running requests", PLAN, "workload"),
+    ]  # fmt: skip
+
+
+_TABLE: list[Flag] | None = None
+
+
+def FLAGS() -> list[Flag]:
+    """The table (built once: it reads CacheConfig, CostModel, the presets)."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _cache_flags() + _other_flags()
+    return _TABLE
+
+
+_GROUP_TITLES = {
+    "model": "model and deployment",
+    "memory": "memory (per rank; GB = GiB as in SGLang)",
+    "cache": "cache",
+    "engine": "engine and cost model",
+    "speculative": "speculative decoding",
+    "workload": "workload (for the recommendation)",
+}
+
+
+def _default_text(f: Flag) -> str | None:
+    if f.default_text and f.default_text.startswith("cost:"):
+        return f"{_cost_default(f.default_text[5:]):g}"
+    if f.default_text:
+        return f.default_text
+    if f.default is None:
+        return None
+    if isinstance(f.default, bool):
+        return "false"
+    return f"{f.default}"
+
+
+def add_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, argparse._ArgumentGroup]:
+    """Add the table's flags of ``command`` (``simulate``, ``sweep`` or ``plan``) to ``parser``, grouped.
+
+    Every flag's argparse default is None (so the caller can tell a given flag from an absent one);
+    the help says the default. Under ``sweep`` a sweepable flag takes a comma-separated list. Returns the
+    argument groups by name (for the caller's own flags)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    sweep = command == "sweep"
+    for f in FLAGS():
+        if command not in f.commands:
+            continue
+        if f.group not in groups:
+            title = _GROUP_TITLES.get(f.group, f.group)
+            groups[f.group] = parser.add_argument_group(
+                title
+                + (
+                    " (comma-separated lists sweep)"
+                    if sweep and f.group in ("cache", "memory", "engine")
+                    else ""
+                )
+            )
+        listed = sweep and f.sweep
+        kind = _list_of(f.kind) if listed else f.kind
+        default = _default_text(f)
+        help_text = f.help + (f" (default {default})" if default is not None else "")
+        extra: dict[str, Any] = {}
+        if f.switch:  # alone it means true; an explicit value (or a list under sweep) still works
+            extra = {"nargs": "?", "const": [True] if listed else True, "metavar": "BOOL"}
+            help_text += "; a switch, or true/false"
+        elif f.metavar:
+            extra["metavar"] = f.metavar
+        groups[f.group].add_argument(f.flag, dest=f.dest, type=kind, default=None, help=help_text, **extra)
+    return groups
+
+
+def _list_of(conv: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("needs at least one value")
+        return [conv(t) for t in items]
+
+    parse.__name__ = "list"
+    return parse
+
+
+# Python argument names a library message may use, and the flag of each (only names with an underscore
+# or listed here are mapped: plain words such as "mode" stay words)
+def _names() -> dict[str, str]:
+    names = {f.dest: f.flag for f in FLAGS() if "_" in f.dest}
+    names.update(budget_gib="--memory-budget-gb", max_running_requests="--max-running-requests")
+    return names
+
+
+def flag_message(message: str) -> str:
+    """``message`` with the Python argument names it uses (``budget_gib``, ``kv_tokens``, ...) replaced by
+    the flags that set them (``--memory-budget-gb``, ``--kv-tokens``). O(len(message) * flags)."""
+    names = _names()
+    pattern = re.compile(
+        r"(?<![\w-])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?![\w-])"
+    )
+    return pattern.sub(lambda m: names[m.group(1)], message)
