@@ -19,6 +19,7 @@ __all__ = [
     "MambaRadixError",
     "OutOfMemory",
     "OutOfSlots",
+    "TraceFileError",
     "TraceFormatError",
 ]
 
@@ -64,3 +65,12 @@ class TraceFormatError(MambaRadixError, ValueError):
         self.field = field
         where = f"{path}:{line}" + (f": field {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
+
+
+class TraceFileError(TraceFormatError, OSError):
+    """A trace path that cannot be read at all (missing, a folder, no permission): line 0, no field.
+    Also an ``OSError``, so callers that handle file errors keep working."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(path, 0, None, message)
+        self.reason = message  # (not OSError's strerror/filename: setting those changes str(err))

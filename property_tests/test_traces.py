@@ -93,9 +93,9 @@ BLOCK_ERRORS = [
     (_block(ol=-2), "output_length", ">= 0"),
     ({"timestamp": 0, "input_length": 5, "output_length": 1}, "hash_ids", "missing"),
     (_block(ids="abc"), "hash_ids", "list"),  # type: ignore[arg-type]
-    (_block(ids=[]), "hash_ids", "empty"),
+    (_block(ids=[]), "hash_ids", "has 0 blocks"),
     (_block(ids=[1, -3]), "hash_ids", "item 1"),
-    (_block(ids=[1, 2**31]), "hash_ids", "largest allowed"),
+    (_block(ids=[1, 2**63]), "hash_ids", "largest allowed"),
     (_block(il=5, ids=[1]), "hash_ids", "needs"),
     (_block(il=5, ids=[1, 2, 3]), "hash_ids", "needs"),
 ]
