@@ -27,10 +27,11 @@ from typing import NamedTuple
 
 import torch
 
-from mamba_radix import strategies
+from mamba_radix.buffers import buffer_strategy
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument, InvalidIndex
 from mamba_radix.invariants import check_invariants
+from mamba_radix.lifecycle import RequestLifecycle
 from mamba_radix.node import TreeNode
 from mamba_radix.pools import (
     HybridReqToTokenPool,
@@ -97,8 +98,12 @@ class CacheStats:
             setattr(self, name, 0)
 
 
-class MambaRadixCache:
+class MambaRadixCache(RequestLifecycle):
     """The Mamba-aware radix prefix cache over a :class:`HybridReqToTokenPool` and a token allocator.
+
+    The request lifecycle (``can_admit``, ``admit``, ``extend``, ``commit``, ``finish`` and SGLang's
+    ``cache_unfinished_req`` / ``cache_finished_req``) comes from :class:`RequestLifecycle`; the buffer
+    strategy object (:attr:`buffer`, :mod:`mamba_radix.buffers`) decides where states are tracked.
 
     Construction checks that the pools fit the config (same page size, same strategy); it raises
     :class:`InvalidArgument` otherwise. Every public method documents its side effects and cost;
@@ -133,7 +138,9 @@ class MambaRadixCache:
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.device = token_to_kv_pool_allocator.device
         self.tree = RadixTree(config, self.device)
+        self.buffer = buffer_strategy(config)
         self.stats = CacheStats()
+        self.reserved_kv_tokens = 0
 
     @classmethod
     def build(
@@ -206,7 +213,7 @@ class MambaRadixCache:
         recency (see :meth:`RadixTree.match`). O(L + path * log n), plus one slot copy.
         """
         radix_key = self._as_key(key, req)
-        if self.config.disable_radix_cache:
+        if not self.buffer.caches:
             result = MatchResult(
                 torch.empty(0, dtype=torch.int64, device=self.device), self.tree.root, None, 0, None
             )
@@ -247,7 +254,7 @@ class MambaRadixCache:
         """
         radix_key = self._as_key(key, None)
         root = self.tree.root
-        if self.config.disable_radix_cache:
+        if not self.buffer.caches:
             return PrefixPeek(0, 0, root, 0, False)
         tokens = radix_key.token_ids
         page = self.config.page_size
@@ -311,9 +318,17 @@ class MambaRadixCache:
         return self._insert(self._as_key(key, None), kv_indices, mamba_slot, prev_prefix_len)[0]
 
     def _insert(
-        self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
+        self,
+        key: RadixKey,
+        kv_indices: torch.Tensor,
+        mamba_slot: int,
+        prev_prefix_len: int,
+        *,
+        check: bool = True,
     ) -> tuple[InsertResult, TreeInsert]:
-        self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
+        """:meth:`insert`; ``check=False`` when the caller (the lifecycle) validated the KV already."""
+        if check:
+            self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
         done = self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len)
         if done.duplicate_kv.numel():
             self.token_to_kv_pool_allocator.free(done.duplicate_kv)
@@ -396,180 +411,6 @@ class MambaRadixCache:
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1)
         return None if slots is None else int(slots[0])
-
-    # ---------------------------------------------------------------------------------------- lifecycle
-    def admit(self, req: Req) -> bool:
-        """Engine protocol steps 1-2 in one transactional call (docs/architecture.md).
-
-        Matches ``all tokens[:-1]`` (one token is always computed, for the logits) with copy-on-write,
-        locks ``req.last_node``, evicts checkpoints if the pool lacks the slots admission needs, takes a
-        request row and slots (:meth:`HybridReqToTokenPool.alloc`), writes the hit's KV indices into the
-        row, sets ``req.kv_len`` to the hit length and zeroes the live slot if there was no hit.
-        Returns False, with the lock, the copy-on-write slot and the request's cache fields undone, if
-        rows or slots are short (the match's split and recency refresh stay). O(L + path * log n).
-        """
-        if req.last_node is not None or req.req_pool_idx is not None:
-            raise InvalidArgument(
-                f"request {req.rid!r} is already admitted (it holds a row or a lock); admit each request once"
-            )
-        had_live_slot = req.mamba_pool_idx is not None
-        tokens = req.all_token_ids
-        self.match_prefix(RadixKey(tokens[: max(len(tokens) - 1, 0)], req.extra_key), cow_mamba=True, req=req)
-        node = req.last_node
-        assert node is not None
-        self.tree.inc_lock_ref(node)
-        self.make_room(num_states=strategies.admission_slots(self.config, req))
-        rows = self.req_to_token_pool.alloc([req])
-        if rows is None:
-            self.tree.dec_lock_ref(node)
-            if not had_live_slot and req.mamba_pool_idx is not None:
-                self.mamba_pool.free([req.mamba_pool_idx])
-                req.mamba_pool_idx = None
-            req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
-            req.last_node = None
-            req.cache_protected_len = 0
-            req.mamba_branching_seqlen = None
-            req.mamba_cow_src_slot = None
-            return False
-        if req.cache_protected_len:
-            self.req_to_token_pool.write(rows[0], 0, req.prefix_indices)
-        elif req.mamba_pool_idx is not None:
-            self.mamba_pool.clear_slots([req.mamba_pool_idx])
-        req.kv_len = req.cache_protected_len
-        return True
-
-    def _check_running(self, req: Req, verb: str) -> torch.Tensor:
-        """Validate ``req``'s bookkeeping; return its row of ``req_to_token``. O(path)."""
-        if req.req_pool_idx is None or not self.req_to_token_pool.is_row_allocated(req.req_pool_idx):
-            raise InvalidArgument(f"{verb}: request {req.rid!r} holds no request row; admit it first")
-        node = req.last_node
-        if node is None or not self.tree.is_attached(node):
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} holds no lock in this tree (never matched, or finished twice)"
-            )
-        if node.depth != req.cache_protected_len:
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} has cache_protected_len={req.cache_protected_len} but its "
-                f"last_node ends at {node.depth}; do not edit the cache's request fields"
-            )
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        if not req.cache_protected_len <= req.kv_len <= min(req.seq_len, row.numel()):
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} has kv_len={req.kv_len}, outside "
-                f"[cache_protected_len={req.cache_protected_len}, seq_len={req.seq_len}]"
-            )
-        return row
-
-    def _checkpoint_len(self, req: Req, verb: str) -> int | None:
-        """The length whose state the request can hand to the tree now, or None."""
-        cache_len = req.mamba_last_track_seqlen if self.config.uses_extra_buffer else req.kv_len
-        if cache_len is None:
-            return None
-        if not req.cache_protected_len <= cache_len <= req.kv_len or cache_len % self.config.page_size:
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} checkpoints at {cache_len}, which must be a multiple of "
-                f"page_size={self.config.page_size} in [cache_protected_len={req.cache_protected_len}, "
-                f"kv_len={req.kv_len}]; set mamba_last_track_seqlen to the tracked length"
-            )
-        return cache_len
-
-    def cache_unfinished_req(self, req: Req) -> None:
-        """Hand a running request's newest checkpoint and the KV before it to the tree (after a prefill
-        chunk, or at a decode boundary).
-
-        extra_buffer(_lazy): the checkpoint is at ``req.mamba_last_track_seqlen`` (nothing happens but a
-        refresh of ``req.prefix_indices`` when it is ``None``); a fresh slot replaces the tracked ping-pong
-        slot, which goes to the tree without a copy. no_buffer: the live slot is copied into a fresh slot
-        at ``req.kv_len``. Then the KV ``[cache_protected_len, cache_len)`` is inserted (the request's
-        duplicates are freed and its row rewritten with the tree's indices), the lock moves from the old
-        ``last_node`` to the new one, and ``cache_protected_len`` becomes ``cache_len``. If no slot can be
-        had even after eviction, the checkpoint is skipped (``stats.checkpoints_skipped``) and the KV stays
-        the request's. O(L + path * log n).
-        """
-        row = self._check_running(req, "cache_unfinished_req")
-        cache_len = (
-            None if self.config.disable_radix_cache else self._checkpoint_len(req, "cache_unfinished_req")
-        )
-        if cache_len is not None and cache_len > req.cache_protected_len:
-            self._insert_checkpoint(req, row, cache_len)
-        req.mamba_last_track_seqlen = None
-        req.prefix_indices = row[: req.kv_len].to(torch.int64)
-
-    def _insert_checkpoint(self, req: Req, row: torch.Tensor, cache_len: int) -> None:
-        new_slot = self.alloc_state_slot()
-        if new_slot is None:
-            self.stats.checkpoints_skipped += 1
-            return
-        if self.config.uses_extra_buffer:
-            tree_slot = self.req_to_token_pool.donate_ping_pong_slot(req, new_slot)
-        else:
-            assert req.mamba_pool_idx is not None
-            self.mamba_pool.copy_from([req.mamba_pool_idx], [new_slot])
-            self.stats.state_copies += 1
-            tree_slot = new_slot
-        protected = req.cache_protected_len
-        result, done = self._insert(
-            RadixKey(req.token_ids(cache_len), req.extra_key),
-            row[:cache_len].to(torch.int64),
-            tree_slot,
-            protected,
-        )
-        if result.mamba_exists:
-            self.mamba_pool.free([tree_slot])
-        # The request's duplicates were freed by the insert: point its row at the tree's indices.
-        tree_kv = self.tree.path_values(done.node)
-        row_index = req.req_pool_idx
-        assert row_index is not None
-        self.req_to_token_pool.write(row_index, protected, tree_kv[protected:cache_len])
-        old = req.last_node
-        assert old is not None
-        self.tree.inc_lock_ref(done.node)
-        self.tree.dec_lock_ref(old)
-        req.last_node = done.node
-        req.cache_protected_len = cache_len
-
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
-        """Finish a request: insert its last checkpoint and the KV before it, free the rest.
-
-        The checkpoint is the tracked ping-pong slot at ``mamba_last_track_seqlen`` (extra_buffer; none
-        if it is ``None``) or the live slot at ``kv_len``, donated without a copy (no_buffer). No insert
-        when ``is_insert`` is False or the lazy boundary slot was not had
-        (``req.mamba_lazy_is_insert`` False). KV past the checkpoint (``[cache_len, kv_len)``) is freed:
-        no state exists there. Every slot the request still holds is freed
-        (:meth:`HybridReqToTokenPool.free_mamba_cache`), its lock released and ``req.last_node`` cleared.
-        The request row itself stays (the engine frees it). O(L + path * log n).
-        """
-        row = self._check_running(req, "cache_finished_req")
-        protected = req.cache_protected_len
-        cache_len = protected
-        if self.config.disable_radix_cache:
-            pass
-        elif is_insert and not req.mamba_lazy_is_insert:
-            self.stats.lazy_inserts_skipped += 1
-        elif is_insert:
-            cache_len = self._checkpoint_len(req, "cache_finished_req") or protected
-        kv = row[: req.kv_len].to(torch.int64)
-        keep: int | None = None
-        if cache_len > protected:
-            if self.config.uses_extra_buffer:
-                buffer = req.mamba_ping_pong_track_buffer
-                assert buffer is not None
-                tree_slot = buffer[self.req_to_token_pool.ping_pong_keep_idx(req)]
-            else:
-                assert req.mamba_pool_idx is not None
-                tree_slot = req.mamba_pool_idx
-            result, _ = self._insert(
-                RadixKey(req.token_ids(cache_len), req.extra_key), kv[:cache_len], tree_slot, protected
-            )
-            keep = None if result.mamba_exists else tree_slot
-        if req.kv_len > cache_len:
-            self.token_to_kv_pool_allocator.free(kv[cache_len:])
-        self.req_to_token_pool.free_mamba_cache(req, keep=keep)
-        node = req.last_node
-        assert node is not None
-        self.tree.dec_lock_ref(node)
-        req.last_node = None
-        req.mamba_last_track_seqlen = None
 
     # ---------------------------------------------------------------------------------------- debugging
     def pretty_print(self) -> str:

@@ -19,12 +19,14 @@ __all__ = [
     "CHECKPOINT_ADMISSIONS",
     "EVICTION_ORDERS",
     "LRU_REFRESH_MODES",
+    "SLOT_HEADROOM_MODES",
     "STRATEGIES",
     "CacheConfig",
     "CheckpointAdmission",
     "EvictionOrder",
     "LruRefresh",
     "ResolvedStrategy",
+    "SlotHeadroom",
     "Strategy",
 ]
 
@@ -33,11 +35,18 @@ ResolvedStrategy = Literal["no_buffer", "extra_buffer", "extra_buffer_lazy"]
 EvictionOrder = Literal["leaf_first", "root_first", "mixed", "flop_weighted"]
 LruRefresh = Literal["node", "path"]
 CheckpointAdmission = Literal["all", "branch_and_end"]
+SlotHeadroom = Literal["exact", "per_chunk"]
 
 STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed", "flop_weighted")
 LRU_REFRESH_MODES: tuple[str, ...] = ("node", "path")
 CHECKPOINT_ADMISSIONS: tuple[str, ...] = ("all", "branch_and_end")
+SLOT_HEADROOM_MODES: tuple[str, ...] = ("exact", "per_chunk")
+
+# SGLang 0.5.20 (per_chunk headroom) evicts checkpoints before every prefill chunk until this many slots
+# per request of the batch are free (its MAMBA_STATE_PER_REQ_PREFIX_CACHE; the lazy strategy uses 2).
+PER_CHUNK_HEADROOM_SLOTS = 3
+PER_CHUNK_HEADROOM_SLOTS_LAZY = 2
 
 # Slots every running request holds (SGLang PR #37943): its live state, the admission-locked matched
 # checkpoint, and a spare for a donation or a copy-on-write. Ping-pong track slots come on top.
@@ -58,6 +67,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "mamba_eviction_order": EVICTION_ORDERS,
     "mamba_checkpoint_admission": CHECKPOINT_ADMISSIONS,
     "mamba_lru_refresh": LRU_REFRESH_MODES,
+    "mamba_slot_headroom": SLOT_HEADROOM_MODES,
     "disaggregation_mode": DISAGGREGATION_MODES,
 }
 
@@ -106,6 +116,18 @@ class CacheConfig:
       quadratic attention cost of recomputing a prefix equals its linear cost (SSM, MLP, projections).
       The default, 2^16, is close to Qwen3-Next-80B-A3B's (≈ 6 GFLOP per token linear, ≈ 0.2 MFLOP per
       token pair over its 12 attention layers, half of the pairs causal: ≈ 61k tokens).
+
+    SGLang release rules (DESIGN.md §6.1; each one a switch, presets ``sglang-0.5.20`` and
+    ``sglang-0.5.23`` in :mod:`mamba_radix.peers`; the defaults follow the current release, 0.5.23):
+
+    - ``mamba_slot_headroom``: ``exact`` (0.5.23: a request evicts exactly the slots it takes, when it
+      takes them) or ``per_chunk`` (0.5.20: before admission and before every later prefill chunk,
+      checkpoints are evicted until ``PER_CHUNK_HEADROOM_SLOTS`` slots are free).
+    - ``mamba_kv_only_leaves``: when a leaf is deleted, its ancestors without a checkpoint keep their KV
+      as KV-only leaves (0.5.23; they leave through KV eviction) instead of being deleted with it (0.5.20).
+    - ``mamba_decode_insert``: hand each decode checkpoint to the tree at once (``cache_unfinished_req``
+      at every decode boundary: not SGLang, which only tracks during decode and inserts the newest tracked
+      state at finish; an opt-in policy).
     """
 
     page_size: int = 1
@@ -126,6 +148,10 @@ class CacheConfig:
     mamba_checkpoint_admission: CheckpointAdmission = "all"
     mamba_flop_weight: float = DEFAULT_FLOP_WEIGHT
     mamba_flop_crossover: int = DEFAULT_FLOP_CROSSOVER
+    # SGLang release rules (DESIGN.md §6.1)
+    mamba_slot_headroom: SlotHeadroom = "exact"
+    mamba_kv_only_leaves: bool = True
+    mamba_decode_insert: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -292,6 +318,13 @@ class CacheConfig:
     def mamba_checkpoint_grid(self) -> int:
         """Prefill checkpoints land on multiples of this many tokens: ``lcm(chunk, page_size)``."""
         return math.lcm(self.mamba_cache_chunk_size, self.page_size)
+
+    @property
+    def per_chunk_headroom_slots(self) -> int:
+        """Free slots ``per_chunk`` headroom wants per request before a prefill chunk (0 with ``exact``)."""
+        if self.mamba_slot_headroom != "per_chunk" or self.disable_radix_cache:
+            return 0
+        return PER_CHUNK_HEADROOM_SLOTS_LAZY if self.is_lazy else PER_CHUNK_HEADROOM_SLOTS
 
     def max_running_requests(self, num_slots: int) -> int:
         """Requests the state pool admits at once: ``num_slots // slots_per_request``."""

@@ -1,6 +1,7 @@
 """`check_invariants`: every structural invariant of the cache (DESIGN.md §5), in one O(n) pass.
 
-1. a non-root leaf is never a tombstone;
+1. a non-root leaf is never a tombstone, unless the config keeps KV-only leaves (SGLang 0.5.23), which
+   are never the end of a hit (6) and leave through KV eviction;
 2. a split never copies a checkpoint: every slot is held by exactly one node (``slot_owner`` agrees);
 3. conservation: every allocated KV index and state slot is owned by exactly one of a tree node, a
    running request (when the caller passes the complete set of running requests) or the free list;
@@ -85,7 +86,7 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
         _fail(tree, f"node {node.id}: {len(node.key)} tokens is not a multiple of page_size={page}")
     if node.depth != parent.depth + len(node.key):
         _fail(tree, f"node {node.id}: depth {node.depth} != parent depth {parent.depth} + {len(node.key)}")
-    if not node.children and node.mamba_slot is None:
+    if not node.children and node.mamba_slot is None and not tree.config.mamba_kv_only_leaves:
         _fail(tree, f"invariant 1: leaf node {node.id} is a tombstone")
     if node.full_lock_ref != node.mamba_lock_ref + children_locks:
         _fail(

@@ -52,21 +52,39 @@ def _extra_buffer_if_needed(config: CacheConfig) -> Changes:
 
 def sglang(config: CacheConfig) -> Changes:
     """SGLang today (after PR #31643/#31648): a hit refreshes only the checkpoint it consumes, victims in
-    LRU order with leaf-first ties, one checkpoint per prefill chunk (and the branch point)."""
+    LRU order with leaf-first ties, one checkpoint per prefill chunk (and the branch point); the rules of
+    the current release, 0.5.23."""
+    return sglang_0_5_23(config)
+
+
+def _sglang_policy() -> Changes:
     return {
         "mamba_lru_refresh": "node",
         "mamba_eviction_order": "leaf_first",
         "mamba_checkpoint_admission": "all",
+        "mamba_decode_insert": False,
     }
+
+
+def sglang_0_5_20(config: CacheConfig) -> Changes:
+    """SGLang 0.5.20's ``MambaRadixCache``: headroom of 3 free slots before every prefill chunk, a deleted
+    leaf's stateless ancestors deleted with it."""
+    return {**_sglang_policy(), "mamba_slot_headroom": "per_chunk", "mamba_kv_only_leaves": False}
+
+
+def sglang_0_5_23(config: CacheConfig) -> Changes:
+    """SGLang 0.5.23's ``UnifiedRadixCache``: exactly the slots a request takes, evicted when it takes
+    them; a deleted leaf's stateless ancestors kept as KV-only leaves."""
+    return {**_sglang_policy(), "mamba_slot_headroom": "exact", "mamba_kv_only_leaves": True}
 
 
 def sglang_legacy(config: CacheConfig) -> Changes:
     """SGLang before PR #31643: a hit (and an insert walk) refreshes every checkpoint of the path, which
     makes ancestors older than their descendants, so eviction is root-first within a path."""
     return {
+        **sglang_0_5_20(config),
         "mamba_lru_refresh": "path",
         "mamba_eviction_order": "root_first",
-        "mamba_checkpoint_admission": "all",
     }
 
 
@@ -113,8 +131,27 @@ PEERS: dict[str, Peer] = {
             "order (ties, which only a shared stamp makes, go deepest first); under extra_buffer one "
             "checkpoint per prefill chunk at its last aligned position, or the branch point. These are "
             "our defaults. Not equivalent: SGLang's LRU lists are strict orders where we break equal "
-            "stamps by depth.",
+            "stamps by depth. The release rules are those of sglang-0.5.23.",
             sglang,
+        ),
+        Peer(
+            "sglang-0.5.20",
+            "SGLang 0.5.20's MambaRadixCache, per request in sequential replay: the 'sglang' policy, plus "
+            "its slot headroom (before admission and before every later prefill chunk, checkpoints are "
+            "evicted until 3 slots are free, 2 when lazy: alloc_req_slots) and its leaf deletion (a "
+            "deleted leaf's ancestors without a state go with it, KV included). Checked against SGLang's "
+            "own cache (experiments/sglang_parity.py). Not equivalent: overlap scheduling's one-step "
+            "lookahead, speculative decoding, HiCache, and the batch-wide headroom (we take it per "
+            "request, which is the same in sequential replay).",
+            sglang_0_5_20,
+        ),
+        Peer(
+            "sglang-0.5.23",
+            "SGLang 0.5.23's UnifiedRadixCache (Python and Rust tree cores agree), the current release and "
+            "our defaults: the 'sglang' policy, exactly the slots a request takes evicted when it takes "
+            "them, and a deleted leaf's stateless ancestors kept as KV-only leaves (their KV still tells "
+            "a later request where to checkpoint the branch). Not equivalent: as sglang-0.5.20.",
+            sglang_0_5_23,
         ),
         Peer(
             "sglang-legacy",

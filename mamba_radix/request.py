@@ -2,13 +2,16 @@
 
 Field ownership (one writer per field):
 
-- the engine: ``rid``, ``origin_input_ids``, ``output_ids``, ``extra_key``, ``kv_len`` (tokens whose KV
-  is written into this request's ``req_to_token`` row), ``mamba_last_track_seqlen`` (set when the model
-  wrote a state into the track slot), ``mamba_next_track_idx`` flips (eager extra_buffer);
+- the engine: ``rid``, ``origin_input_ids``, ``output_ids`` (it appends each sampled token),
+  ``extra_key``. An engine that drives the SGLang-named low-level calls itself instead of the lifecycle
+  also sets ``kv_len`` (tokens whose KV is in the row) and ``mamba_last_track_seqlen``;
 - :class:`~mamba_radix.pools.HybridReqToTokenPool`: ``req_pool_idx``, ``mamba_pool_idx`` (the live state
   slot), ``mamba_ping_pong_track_buffer`` and the lazy bookkeeping;
-- :class:`~mamba_radix.cache.MambaRadixCache`: ``prefix_indices``, ``last_node``, ``cache_protected_len``,
-  ``mamba_branching_seqlen``, ``mamba_cow_src_slot``.
+- :class:`~mamba_radix.cache.MambaRadixCache` and its lifecycle (:mod:`mamba_radix.lifecycle`):
+  ``prefix_indices``, ``last_node``, ``cache_protected_len``, ``mamba_branching_seqlen``,
+  ``mamba_cow_src_slot``, ``kv_len``, ``mamba_last_track_seqlen`` and ``mamba_next_track_idx`` (through
+  :meth:`~mamba_radix.lifecycle.RequestLifecycle.commit`), ``kv_reserved_tokens``, ``prefill_chunks``,
+  ``pending_plan``, ``finished``.
 
 Region map of a running request's token positions::
 
@@ -63,6 +66,11 @@ class Req:
     cache_protected_len: int = 0
     mamba_branching_seqlen: int | None = None
     mamba_cow_src_slot: int | None = None
+
+    # lifecycle bookkeeping
+    kv_reserved_tokens: int = 0  # KV tokens reserved at admission and not yet allocated
+    prefill_chunks: int = 0  # prefill forwards committed
+    pending_plan: Any = None  # the ForwardPlan extend returned and commit has not taken yet
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -139,13 +139,18 @@ class RadixTree:
         return node
 
     def is_attached(self, node: TreeNode) -> bool:
-        """Whether ``node`` is part of this tree (not evicted, not from another tree). O(page_size)."""
+        """Whether ``node`` is part of this tree (not evicted, not from another tree). O(path)."""
         if node is self.root:
             return True
         parent = node.parent
         if parent is None or not node.key:
             return False
-        return parent.children.get(self._child_key(node.key, 0, node.extra_key)) is node
+        if parent.children.get(self._child_key(node.key, 0, node.extra_key)) is not node:
+            return False
+        top = parent
+        while top.parent is not None:  # a removed node has no parent: its subtree ends there
+            top = top.parent
+        return top is self.root
 
     def path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
         """``node`` and its ancestors below the root, bottom-up. O(path)."""
@@ -471,8 +476,9 @@ class RadixTree:
 
     # ----------------------------------------------------------------------------------------- eviction
     def _remove_leaf(self, leaf: TreeNode, freed: Freed) -> None:
-        """Delete an unlocked leaf (KV and checkpoint), then every tombstone ancestor that becomes a leaf,
-        so no leaf is ever a tombstone. O(removed * log n)."""
+        """Delete an unlocked leaf (KV and checkpoint). Then, unless ``mamba_kv_only_leaves`` (SGLang 0.5.23
+        keeps such an ancestor's KV as a KV-only leaf, for KV eviction to take), every tombstone ancestor
+        that becomes a leaf goes too (0.5.20). O(removed * log n)."""
         node = leaf
         while True:
             assert not node.children and node.full_lock_ref == 0 and node.mamba_lock_ref == 0
@@ -492,9 +498,14 @@ class RadixTree:
                 freed.num_states += 1
                 node.mamba_slot = None
             self.index.update(parent)
-            if parent is self.root or parent.children or parent.mamba_slot is not None:
+            if (
+                parent is self.root
+                or parent.children
+                or parent.mamba_slot is not None
+                or self.config.mamba_kv_only_leaves  # 0.5.23: it stays as a KV-only leaf
+            ):
                 return
-            node = parent  # a tombstone that just became a leaf: it goes too
+            node = parent  # a tombstone that just became a leaf: it goes too (0.5.20)
 
     def evict(self, num_tokens: int = 0, num_states: int = 0) -> Freed:
         """Pick and detach victims until at least ``num_tokens`` KV tokens and ``num_states`` checkpoints

@@ -1,4 +1,4 @@
-"""Request lifecycle through the engine protocol of docs/architecture.md, on the real pools, for
+"""The cache's request lifecycle (mamba_radix.lifecycle), on the real pools, for
 no_buffer, extra_buffer and extra_buffer_lazy. A small engine stamps every state it "computes"
 (mamba_radix.state_stamp), so each test also checks that every checkpoint in the tree and every resumed
 live state summarise exactly their prefix; invariants (with conservation) run after every step."""
@@ -10,12 +10,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mamba_radix import CacheConfig, MambaRadixCache, Req, strategies
+from mamba_radix import CacheConfig, MambaRadixCache, Req
+from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
 
 
 class MiniEngine:
-    """One request at a time or interleaved: admission, chunked prefill, decode, finish."""
+    """Plays the model for the cache's request lifecycle: every state it "computes" is stamped with the
+    fingerprint of its prefix, exactly where each plan says; one request at a time or interleaved."""
 
     def __init__(self, cache: MambaRadixCache) -> None:
         self.cache = cache
@@ -54,69 +56,32 @@ class MiniEngine:
         self.check()
         return ok
 
-    def _alloc_kv(self, req: Req, start: int, num_tokens: int) -> torch.Tensor:
-        page = self.config.page_size
-        if page == 1:
-            kv = self.cache.alloc_token_slots(num_tokens)
-        else:
-            self.cache.make_room(num_tokens=num_tokens + page)
-            row = self.pool.req_to_token[req.req_pool_idx]
-            last_loc = int(row[start - 1]) if start else -1
-            kv = self.allocator.alloc_extend([start], [start + num_tokens], [last_loc], num_tokens)
-        assert kv is not None, "test pools are sized so that KV never runs out"
-        self.pool.write(req.req_pool_idx, start, kv)  # type: ignore[arg-type]
-        return kv
-
-    def _forward(self, req: Req, num_tokens: int) -> None:
+    def forward(self, req: Req, num_tokens: int, *, finished: bool = False) -> ForwardPlan:
+        """One extend / model / commit round over the next ``num_tokens`` tokens."""
         start = req.kv_len
         assert read_stamp(self.mamba_pool, req.mamba_pool_idx) == (fingerprint(req.token_ids(start)), start)
-        self._alloc_kv(req, start, num_tokens)
-        req.kv_len += num_tokens
-        self._stamp(req.mamba_pool_idx, req, req.kv_len)  # type: ignore[arg-type]
-
-    def _track(self, req: Req, seq_len: int) -> None:
-        buffer = req.mamba_ping_pong_track_buffer
-        assert buffer is not None
-        slot = buffer[req.mamba_next_track_idx]
-        self._stamp(slot, req, seq_len)
-        self.tracked.append((seq_len, slot))
-        req.mamba_last_track_seqlen = seq_len
-        if not self.config.is_lazy:
-            req.mamba_next_track_idx = self.pool.ping_pong_other_idx(req.mamba_next_track_idx)
+        plan = self.cache.extend(req, num_tokens)
+        assert plan is not None, "test pools are sized so that KV never runs out"
+        self._stamp(plan.live_slot, req, plan.end)
+        if plan.track_slot is not None:
+            self._stamp(plan.track_slot, req, plan.track_len)
+            self.tracked.append((plan.track_len, plan.track_slot))
+        self.cache.commit(plan, finished=finished)
+        return plan
 
     def prefill_chunk(self, req: Req) -> None:
-        start = req.kv_len
-        num_tokens = min(self.chunk, len(req.origin_input_ids) - start)
-        self._forward(req, num_tokens)
-        track = strategies.prefill_track_len(self.config, start, num_tokens, req.mamba_branching_seqlen)
-        if track is not None:
-            self._track(req, track)
-        self.cache.cache_unfinished_req(req)
+        self.forward(req, min(self.chunk, len(req.origin_input_ids) - req.kv_len))
         if req.kv_len == len(req.origin_input_ids):
             req.output_ids.append(self.output_token(req))
         self.check()
 
     def decode_step(self, req: Req) -> None:
-        self._forward(req, 1)
-        if strategies.is_decode_boundary(self.config, req.kv_len):
-            borrowed = True
-            if self.config.is_lazy:
-                borrowed = self.pool.lazy_alloc_boundary_slot(req)
-                if not borrowed and self.cache.make_room(num_states=1):
-                    borrowed = self.pool.lazy_alloc_boundary_slot(req)
-                if not borrowed:
-                    req.mamba_lazy_is_insert = False  # the state cannot be tracked: never insert it
-            if borrowed:
-                self._track(req, req.kv_len)
-                self.cache.cache_unfinished_req(req)
-                if self.config.is_lazy:
-                    self.pool.lazy_release_old_slot(req)
+        self.forward(req, 1)
         req.output_ids.append(self.output_token(req))
         self.check()
 
     def finish(self, req: Req) -> None:
-        self.cache.cache_finished_req(req)
-        self.pool.free(req)
+        self.cache.finish(req)
         self.running.remove(req)
         self.check()
 
@@ -201,10 +166,21 @@ def test_chunked_prefill_checkpoints_once_per_full_chunk_and_frees_the_tail() ->
     assert engine.mamba_pool.used == 2
 
 
-def test_decode_boundaries_checkpoint_every_interval() -> None:
+def test_decode_boundaries_are_tracked_and_only_the_newest_is_inserted_at_finish() -> None:
+    # SGLang: decode tracks the state at every interval boundary but inserts nothing mid-decode
     engine = make_engine(mamba_track_interval=64, **EXTRA)
     engine.run(Req(1, prompt(100)), 100)  # kv_len reaches 199
     assert [seq for seq, _ in engine.tracked] == [64, 128, 192]
+    tree = engine.cache.tree
+    assert sorted(n.depth for n in tree.nodes() if n.mamba_slot is not None) == [64, 192]
+    assert engine.allocator.used == 192 and engine.mamba_pool.used == 2
+
+
+def test_decode_insert_hands_every_boundary_to_the_tree() -> None:
+    engine = make_engine(mamba_track_interval=64, mamba_decode_insert=True, **EXTRA)
+    engine.run(Req(1, prompt(100)), 100)
+    tree = engine.cache.tree
+    assert sorted(n.depth for n in tree.nodes() if n.mamba_slot is not None) == [64, 128, 192]
     assert engine.allocator.used == 192 and engine.mamba_pool.used == 3
 
 
@@ -247,8 +223,7 @@ def test_finish_insert_that_finds_an_existing_checkpoint_frees_every_slot() -> N
     a, b = Req(1, prompt(100)), Req(2, prompt(100))
     assert engine.admit(a) and engine.admit(b)
     engine.prefill_chunk(a)
-    engine._forward(b, 100)
-    engine._track(b, 64)
+    engine.forward(b, 100, finished=True)  # tracks 64; nothing handed over before finish
     b.output_ids.append(engine.output_token(b))
     engine.finish(b)  # checks conservation: b's tracked slot must not leak
     assert engine.cache.stats.checkpoints_existing == 1
@@ -257,16 +232,37 @@ def test_finish_insert_that_finds_an_existing_checkpoint_frees_every_slot() -> N
 
 
 # ---------------------------------------------------------------------------------------- degradation
-def test_lazy_insert_skipped_when_the_boundary_slot_is_missing() -> None:
+def test_lazy_tracks_in_place_when_no_boundary_slot_is_free() -> None:
     # 3 slots: live + one track slot + the checkpoint at 64 (locked by the request): at the decode
-    # boundary 128 nothing can be borrowed, so the finish must not insert the untracked state.
+    # boundary 128 nothing can be borrowed (the borrow never evicts), so the state is tracked over the
+    # held track slot, and finish inserts it there.
     engine = make_engine(num_slots=3, mamba_track_interval=64, **LAZY)
     req = Req(1, prompt(64))
-    engine.run(req, 70)
-    assert not req.mamba_lazy_is_insert
-    assert engine.cache.stats.lazy_inserts_skipped == 1
-    assert sorted(n.depth for n in engine.cache.tree.nodes() if n.mamba_slot is not None) == [64]
-    assert engine.allocator.used == 64
+    assert engine.admit(req)
+    engine.prefill_chunk(req)
+    held = list(req.mamba_ping_pong_track_buffer or [])
+    for _ in range(64):
+        engine.decode_step(req)
+    assert engine.tracked[-1] == (128, held[req.mamba_next_track_idx])
+    assert req.mamba_lazy_is_insert
+    engine.finish(req)
+    assert engine.cache.stats.lazy_inserts_skipped == 0
+    assert sorted(n.depth for n in engine.cache.tree.nodes() if n.mamba_slot is not None) == [64, 128]
+    assert engine.allocator.used == 128
+
+
+def test_lazy_borrows_the_second_slot_at_a_boundary_and_releases_the_old_one() -> None:
+    engine = make_engine(num_slots=16, mamba_track_interval=64, **LAZY)
+    req = Req(1, prompt(64))
+    assert engine.admit(req)
+    engine.prefill_chunk(req)
+    (old,) = [s for s in req.mamba_ping_pong_track_buffer or [] if s > 0]
+    for _ in range(64):
+        engine.decode_step(req)
+    (new,) = [s for s in req.mamba_ping_pong_track_buffer or [] if s > 0]
+    assert new != old and engine.tracked[-1] == (128, new)
+    assert not engine.mamba_pool.is_allocated([old])[0]  # released after the boundary
+    engine.finish(req)
 
 
 def test_slot_exhaustion_skips_checkpoints_without_crashing() -> None:

@@ -15,6 +15,7 @@ from mamba_radix import (
     RadixKey,
     Req,
 )
+from mamba_radix.cache import EvictResult
 from mamba_radix.pools import PagedTokenToKVPoolAllocator
 from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
 
@@ -174,7 +175,7 @@ def test_constructor_rejects_mismatched_pools() -> None:
 
 
 def test_check_invariants_catches_corruption() -> None:
-    cache = make_cache()
+    cache = make_cache(NO_BUFFER.replace(mamba_kv_only_leaves=False))  # invariant 1 holds strictly
     insert_fresh(cache, [1, 2, 3, 4])
     insert_fresh(cache, [1, 2, 3, 4, 5, 6])
     cache.check_invariants([])
@@ -225,3 +226,23 @@ def test_running_request_locks_are_accounted() -> None:
         cache.check_invariants([])
     other = RadixKey([1, 2, 3, 4])
     assert cache.match_prefix(other).last_node is req.last_node
+
+
+@pytest.mark.parametrize("kv_only_leaves", [True, False])
+def test_a_deleted_leaf_keeps_or_drops_its_stateless_ancestors(kv_only_leaves: bool) -> None:
+    """SGLang 0.5.23 keeps a deleted leaf's ancestors without a state as KV-only leaves (their KV still
+    tells a later request where to checkpoint the branch); 0.5.20 deletes them with the leaf."""
+    cache = make_cache(NO_BUFFER.replace(mamba_kv_only_leaves=kv_only_leaves))
+    insert_fresh(cache, [1, 2, 3, 4, 5, 6])
+    insert_fresh(cache, [1, 2, 3, 9])  # splits [1..6] at 3: the parent [1 2 3] is a tombstone
+    assert cache.evict(num_states=1) == EvictResult(3, 1)  # the older leaf [4 5 6] goes, with its KV
+    cache.check_invariants([])
+    assert cache.evict(num_states=1) == EvictResult(1 if kv_only_leaves else 4, 1)  # then [9]
+    cache.check_invariants([])
+    left = cache.full_evictable_size()
+    assert left == (3 if kv_only_leaves else 0)
+    if kv_only_leaves:
+        m = cache.match_prefix([1, 2, 3, 4])
+        assert (len(m.device_indices), m.full_kv_hit_len) == (0, 3)  # KV, but no state to resume from
+        assert cache.evict(num_tokens=1) == EvictResult(3, 0)  # KV eviction takes the KV-only leaf
+    assert cache.tree.num_nodes == 1

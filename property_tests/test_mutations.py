@@ -111,7 +111,9 @@ def test_suite_catches_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> Non
     start = time.perf_counter()
     with pytest.raises(AssertionError) as caught:
         run_state_machine_as_test(AnyConfigMachine, settings=BUDGET)
-    print(f"{name}: caught in {time.perf_counter() - start:.1f}s: {str(caught.value).splitlines()[0]}")
+    print(
+        f"{name}: caught in {time.perf_counter() - start:.1f}s: {(str(caught.value).splitlines() or [type(caught.value).__name__])[0]}"
+    )
 
 
 def test_unmutated_cache_passes_the_same_budget() -> None:

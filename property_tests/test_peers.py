@@ -25,7 +25,14 @@ BASES = {
 
 
 def test_registry() -> None:
-    assert sorted(PEERS) == ["marconi", "sglang", "sglang-legacy", "vllm-align"]
+    assert sorted(PEERS) == [
+        "marconi",
+        "sglang",
+        "sglang-0.5.20",
+        "sglang-0.5.23",
+        "sglang-legacy",
+        "vllm-align",
+    ]
     for name, peer in PEERS.items():
         assert isinstance(peer, Peer) and peer.name == name
         assert len(peer.description) > 100 and "\n" not in peer.description
@@ -84,7 +91,8 @@ def test_marconi_preset(base: str) -> None:
 
 def test_unknown_peer_lists_the_known_ones() -> None:
     with pytest.raises(
-        ConfigError, match=r"--peer must be one of sglang, sglang-legacy, vllm-align, marconi, got 'vllm'"
+        ConfigError,
+        match=r"--peer must be one of sglang, sglang-0.5.20, sglang-0.5.23, sglang-legacy, vllm-align, marconi, got 'vllm'",
     ):
         apply_peer(CacheConfig(), "vllm")
     with pytest.raises(ConfigError, match=r"--peer must be one of"):

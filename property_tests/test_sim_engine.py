@@ -10,6 +10,7 @@ import pytest
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
+from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes, pools_for_budget
 from mamba_radix.sim.engine import Engine, EngineOptions, StateMismatchError
 from mamba_radix.sim.sweep import RunSpec, expand_definition, run_one
@@ -349,7 +350,7 @@ def test_a_sweep_uses_the_same_ideal_as_the_engine(tmp_path: Any) -> None:
     assert trace_facts(str(path))[1] is trace_facts(str(path))[1]  # computed once per process
 
 
-@pytest.mark.parametrize("short_of", ["kv_tokens", "state_slots"])
+@pytest.mark.parametrize("short_of", ["kv_tokens", "state_slots", "too_long"])
 def test_a_refused_admission_leaves_no_trace(short_of: str) -> None:
     """A request that does not fit is refused before anything changes: no tick, split, refresh, count,
     copy-on-write or eviction (an eviction for slots it could not use would cost later hits)."""
@@ -363,10 +364,14 @@ def test_a_refused_admission_leaves_no_trace(short_of: str) -> None:
         for node in list(cache.tree.nodes()):
             if node.mamba_slot is not None:
                 cache.inc_lock_ref(node)
-        engine.mamba_pool.alloc(engine.mamba_pool.available_size() - engine.admission_slots + 1)
+        taken = cache.buffer.admission_slots(Req(rid=None, origin_input_ids=[0]))
+        engine.mamba_pool.alloc(engine.mamba_pool.available_size() - taken + 1)
         assert cache.mamba_evictable_size() == 0
         newcomer = req(1, P + Y, [911])
-    else:  # the shared prefix hits, but the rest does not fit in free + evictable KV
+    elif short_of == "kv_tokens":  # the shared prefix hits, the rest does not fit in free + evictable KV
+        engine.kv_pool.alloc(20)  # held elsewhere, as a running request holds its KV
+        newcomer = req(1, P + list(range(500, 540)), [911])
+    else:  # longer than the whole KV pool: it can never run
         newcomer = req(1, P + list(range(500, 560)), [911])
     before = _tree_state(cache), engine.mamba_pool.available_size(), engine.kv_pool.available_size()
     assert engine._try_admit(newcomer, 0.0) == short_of

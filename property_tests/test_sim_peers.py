@@ -11,6 +11,7 @@ import pytest
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 from mamba_radix.peers import apply_peer
+from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.engine import Engine, EngineOptions
 from mamba_radix.sim.sweep import RunSpec, expand_definition, peer_config, run_one
 from mamba_radix.sim.synthetic import branching_tree
@@ -85,11 +86,25 @@ def test_peer_config_refuses_a_flag_the_peer_would_change() -> None:
         peer_config({}, "vllm")
 
 
-def test_vllm_align_is_refused_by_the_simulator_before_running() -> None:
-    spec = RunSpec(run_id="v", trace="t", peer="vllm-align")
-    assert spec.cache_config().page_size == 64
-    with pytest.raises(ConfigError, match="--page-size 1 only"):
-        spec.validate()
+def test_vllm_align_runs_in_the_simulator_on_its_block_grid() -> None:
+    """vllm-align sets 16-token pages (the grid here): the simulator runs it on a paged KV pool, every
+    checkpoint lands on a block boundary, and a resent prompt hits whole blocks only."""
+    grid = {"chunked_prefill_size": 64, "mamba_cache_chunk_size": 16}
+    config = RunSpec(run_id="v", trace="t", peer="vllm-align", config=grid).cache_config()
+    assert config.page_size == config.mamba_cache_chunk_size == config.mamba_track_interval == 16
+    prompt = list(range(1, 301))
+    reqs = [
+        TraceRequest.from_tokens(0, 0.0, prompt, list(range(901, 941))),
+        TraceRequest.from_tokens(1, 0.0, prompt, [7]),
+    ]
+    options = EngineOptions(mode="sequential", keep_per_request=True, check_invariants_every=1)
+    sizes = PoolSizes(10_000, 200, 0, 1.0, 0.5, 27_648, 29_039_616, "test")
+    engine = Engine(config, sizes, 400, options)
+    hits = [row["hit"] for row in engine.run(reqs).per_request]
+    # the repeat matches input[:-1] = 299 tokens, cut to whole blocks: 288 (18 blocks of 16)
+    assert hits == [0, 288]
+    depths = [n.depth for n in engine.cache.tree.nodes() if n.mamba_slot is not None]
+    assert depths and all(d % 16 == 0 for d in depths)
 
 
 def definition(**group: Any) -> dict[str, Any]:
@@ -111,8 +126,8 @@ def test_definitions_take_peer_as_a_parameter() -> None:
         expand_definition(definition(fixed={"mamba_eviction_order": "mixed", "peer": "marconi"}))
     with pytest.raises(ConfigError, match="peer must be one of"):
         expand_definition(definition(vary={"peer": ["sglang", "bogus"]}))
-    with pytest.raises(ConfigError, match="page-size 1 only"):
-        expand_definition(definition(fixed={"peer": "vllm-align"}))
+    (aligned,) = expand_definition(definition(fixed={"peer": "vllm-align"}))  # pages simulate too
+    assert aligned.cache_config().page_size == aligned.cache_config().mamba_checkpoint_grid
 
 
 def test_a_definition_group_can_replay_a_synthetic_workload() -> None:

@@ -194,7 +194,8 @@ def prefill_checkpoint_positions(config: CacheConfig, input_len: int, cached_len
 
 
 def decode_checkpoint_positions(config: CacheConfig, input_len: int, output_len: int) -> list[int]:
-    """Sequence lengths at which decode stores a state.
+    """Sequence lengths at which decode tracks a state (inserted: only the newest, at finish, unless
+    ``mamba_decode_insert``; see :func:`expected_checkpoints`).
 
     ``extra_buffer``: every multiple of ``mamba_track_interval`` the KV length reaches during decode,
     i.e. in ``(input_len, input_len + output_len - 1]`` (the last output token is never fed back). Seed 000:
@@ -215,7 +216,9 @@ def decode_checkpoint_positions(config: CacheConfig, input_len: int, output_len:
 class CheckpointCount:
     """Checkpoints one request stores under a strategy.
 
-    ``prefill`` and ``decode`` are taken (inserted into the tree); ``kept`` is what the request leaves
+    ``prefill`` checkpoints are taken (inserted into the tree) and ``decode`` ones tracked, of which
+    ``decode_inserted`` are taken (the newest, at finish; every one with ``mamba_decode_insert``); ``kept``
+    is what the request leaves
     worth keeping: its prefill checkpoints and only the newest decode one (older decode ones are superseded:
     seed 000 "只offload最终的那一个mamba state"), cut to ``mamba_max_states_per_path`` when set (soft cap;
     the tail is always kept). ``seed_bound`` is seed 000's ``in_len // chunked_prefill_size + 2``.
@@ -225,10 +228,11 @@ class CheckpointCount:
     decode: int
     kept: int
     seed_bound: int
+    decode_inserted: int = 0
 
     @property
     def taken(self) -> int:
-        return self.prefill + self.decode
+        return self.prefill + self.decode_inserted
 
 
 def expected_checkpoints(
@@ -236,14 +240,19 @@ def expected_checkpoints(
 ) -> CheckpointCount:
     """Checkpoints of one request of ``input_len`` / ``output_len`` tokens (see :class:`CheckpointCount`)."""
     if config.disable_radix_cache:
-        return CheckpointCount(0, 0, 0, 0)
+        return CheckpointCount(0, 0, 0, 0, 0)
     prefill = len(prefill_checkpoint_positions(config, input_len, cached_len))
     decode = len(decode_checkpoint_positions(config, input_len, output_len))
+    # SGLang only tracks decode states and inserts the newest one at finish; mamba_decode_insert inserts
+    # every one at its boundary
+    inserted = decode if config.mamba_decode_insert else min(decode, 1)
     kept = prefill + min(decode, 1)
     if config.mamba_max_states_per_path > 0:
         kept = min(kept, config.mamba_max_states_per_path)
     chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else input_len
-    return CheckpointCount(prefill=prefill, decode=decode, kept=kept, seed_bound=input_len // chunk + 2)
+    return CheckpointCount(
+        prefill=prefill, decode=decode, kept=kept, seed_bound=input_len // chunk + 2, decode_inserted=inserted
+    )
 
 
 @dataclass(frozen=True)
@@ -255,10 +264,11 @@ class WorkloadCheckpoints:
     decode_total: int
     kept_total: int
     max_kept: int
+    decode_inserted_total: int = 0
 
     @property
     def taken_total(self) -> int:
-        return self.prefill_total + self.decode_total
+        return self.prefill_total + self.decode_inserted_total
 
     @property
     def mean_taken(self) -> float:
@@ -275,8 +285,7 @@ def expected_workload_checkpoints(
     """Expected checkpoints for every request of a workload, summed.
 
     Comparable with the simulator run on the same requests in sequential mode with capacity to spare (no
-    checkpoint skipped or evicted): ``prefill_total + decode_total`` should equal the checkpoints it
-    inserted. ``cached_lens`` gives each request's reused prefix (the simulator's per-request hit length);
+    checkpoint skipped or evicted): ``taken_total`` should equal the checkpoints it inserted. ``cached_lens`` gives each request's reused prefix (the simulator's per-request hit length);
     omitted, every request starts cold.
     """
     requests = workload.requests if isinstance(workload, Workload) else tuple(workload)
@@ -293,6 +302,7 @@ def expected_workload_checkpoints(
         decode_total=sum(c.decode for c in counts),
         kept_total=sum(c.kept for c in counts),
         max_kept=max(c.kept for c in counts),
+        decode_inserted_total=sum(c.decode_inserted for c in counts),
     )
 
 

@@ -2,25 +2,20 @@
 with SGLang's scheduler rules (``docs/architecture.md`` "Engine protocol"; ``reference/sglang-semantics.md``
 §4.7-4.8, §7).
 
-Per request:
+Per request, through the cache's request lifecycle (:mod:`mamba_radix.lifecycle`; the engine only
+plays the model):
 
 1. admission (FCFS): running requests are capped at ``slots // slots_per_request`` (and
-   ``max_running_requests``); a read-only ``peek_prefix(input[:-1])`` gives the hit the match will find,
-   and the request is admitted only if the KV tokens fit (free + evictable, less what locking the hit takes
-   out, must cover what this and every admitted request will still allocate, so a running request never
-   runs out) and the state slots it takes (live + track buffer) can be had from free slots or evictable
-   checkpoints. Then ``cache.admit(req)``: ``match_prefix(input[:-1], cow_mamba=True)``, lock
-   ``req.last_node`` *before* evicting checkpoints for the slots, so the eviction cannot take the matched
-   checkpoint, ``HybridReqToTokenPool.alloc``, the hit's KV into the request row. Because both checks come
-   before anything changes, a refused request leaves no trace: no split, no recency refresh, no
-   copy-on-write, no checkpoint evicted for room it then could not use;
-2. chunked prefill: per chunk ``alloc_token_slots`` (evicts on failure), write the row, "run the model",
-   ``cache_unfinished_req``; the last chunk yields the first token (TTFT);
-3. decode: at ``strategies.is_decode_boundary`` the state is tracked and ``cache_unfinished_req`` called
-   (lazy: borrow the second ping-pong slot first, release the old one after);
-4. finish: ``cache_finished_req``; the request row is freed. A boundary in the step that samples the
-   last token (final KV length on the interval) is tracked first and inserted by ``cache_finished_req``,
-   as SGLang's prefix-cache update runs before its finish check.
+   ``max_running_requests``); ``cache.can_admit(req, max_new_tokens)`` checks, read-only, that the KV
+   tokens (with every running request's reservation) and the state slots fit; then ``cache.admit``. A
+   refused request leaves no trace. A request that can never fit (longer than the KV pool or a request
+   row) is rejected and counted (``rejected_requests``; the CLI warns);
+2. chunked prefill: per chunk ``cache.extend`` (KV allocated, evicting; the plan says where the model
+   tracks a state), "run the model" (stamps), ``cache.commit`` (the chunk's checkpoint goes to the tree);
+   the last chunk yields the first token (TTFT);
+3. decode: ``extend`` / ``commit`` from event to event (below); a decode boundary is tracked, not
+   inserted (SGLang; ``mamba_decode_insert`` inserts it);
+4. finish: ``cache.finish`` (the newest checkpoint to the tree, the rest and the request row freed).
 
 The model's forward is replaced by state stamps (:mod:`mamba_radix.state_stamp`, written through the
 fast :mod:`mamba_radix.sim.stamps`): the live slot is stamped with the fingerprint of the tokens it
@@ -59,10 +54,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from mamba_radix import strategies
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError, MambaRadixError
-from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
+from mamba_radix.lifecycle import ForwardPlan
+from mamba_radix.pools import (
+    HybridReqToTokenPool,
+    MambaPool,
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.ideal import IdealHit, ideal_for
@@ -91,13 +91,10 @@ SIM_TEMPORAL_SHAPE = (4,)  # float32: 16 bytes
 
 
 def check_simulable(config: CacheConfig) -> None:
-    """Raise :class:`ConfigError` for a valid config the simulator cannot run: ``page_size > 1`` (which
-    ``--peer vllm-align`` sets to its block size). O(1)."""
-    if config.page_size != 1:
-        raise ConfigError(
-            f"the simulator supports --page-size 1 only so far (this config has {config.page_size}; "
-            "--peer vllm-align sets it to its block size); use --page-size 1"
-        )
+    """Every valid :class:`CacheConfig` simulates (any page size since the lifecycle API); kept for
+    callers that check before building an engine. O(1)."""
+    if not isinstance(config, CacheConfig):
+        raise ConfigError(f"the simulator needs a CacheConfig, got {type(config).__name__}")
 
 
 class SimulationError(MambaRadixError):
@@ -181,7 +178,6 @@ class _SimReq:
     input_ids: list[int]
     output_ids: list[int]
     final_kv_len: int  # KV committed at finish: input + output - 1 (the last token's KV is never computed)
-    owed_tokens: int  # KV tokens this request will still allocate (reserved at admission)
     prefix_fp: PrefixFingerprints  # fingerprint of every prefix of input + output: the stamps' contents
     admitted_s: float = 0.0
     sync_step: int = 0  # global decode step at which kv_len was last brought up to date
@@ -239,11 +235,15 @@ class Engine:
             temporal_dtype=torch.float32,
         )
         self.req_pool = HybridReqToTokenPool(self.max_running, max_context_len + 1, self.mamba_pool, config)
-        self.kv_pool = TokenToKVPoolAllocator(pools.kv_tokens)
+        self.kv_pool: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+        if config.page_size == 1:
+            self.kv_pool = TokenToKVPoolAllocator(pools.kv_tokens)
+        else:  # whole pages only: the capacity rounds down to a page multiple
+            page = config.page_size
+            self.kv_pool = PagedTokenToKVPoolAllocator(max(pools.kv_tokens // page, 1) * page, page)
         self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool)
         self.stamps = StampIO(self.mamba_pool)
         # state slots a fresh request takes at admission: its live slot plus its track buffer
-        self.admission_slots = strategies.admission_slots(config, Req(rid=None, origin_input_ids=[0]))
         self.max_context_len = max_context_len
         self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
         # scheduler state
@@ -254,7 +254,6 @@ class Engine:
         self.decoding: set[_SimReq] = set()
         self._events: list[tuple[int, int, _SimReq]] = []
         self._event_seq = 0
-        self.owed_tokens_total = 0
         self.finished = 0
         self.rejected = 0
         # admission is retried only after resources changed (a request finished) or the head changed
@@ -265,7 +264,6 @@ class Engine:
         self._precomputed_ideal: Sequence[int] | None = None
         self._head: _Expanded | None = None
         self._sample_every = 1
-        self.lazy_boundary_skips = 0
         self._on_finish: Callable[[int], None] | None = None
 
     # ----------------------------------------------------------------------------------------- running
@@ -321,10 +319,7 @@ class Engine:
                 self._decode_until_event(limit)
                 continue
             if self.waiting:  # nothing runs and the head still does not fit: it never will
-                trace, _ = self.waiting.popleft()
-                self._ideal_hits.pop(trace.index, None)
-                self.rejected += 1
-                self.metrics.record_blocked("too_long")
+                self._reject(self.waiting.popleft()[0])
                 continue
             if pending is not None:
                 self.now_s = max(self.now_s, pending[1])
@@ -333,6 +328,12 @@ class Engine:
         self.metrics.sim_time_s = self.now_s
         self._sample(force=True)
         return self.metrics
+
+    def _reject(self, trace: TraceRequest) -> None:
+        """Drop a request that can never run (counted in ``rejected_requests``; the CLI warns)."""
+        self._ideal_hits.pop(trace.index, None)
+        self.rejected += 1
+        self.metrics.record_blocked("too_long")
 
     def _pull(self, source: Iterator[TraceRequest]) -> tuple[TraceRequest, float] | None:
         trace = next(source, None)
@@ -358,63 +359,46 @@ class Engine:
         return self._head
 
     def _try_admit(self, trace: TraceRequest, arrival_s: float) -> _SimReq | str:
-        """Admit one request or return why not (``req_rows``, ``state_slots``, ``kv_tokens``).
+        """Admit one request or return why not (``req_rows``, ``state_slots``, ``kv_tokens``, ``too_long``).
 
-        Both resource checks run on a read-only peek before anything changes, so a refusal leaves the
-        tree, its recency order, the pools and the cache's stats exactly as they were. O(L + path).
+        ``cache.can_admit`` checks before anything changes, so a refusal leaves the tree, its recency
+        order, the pools and the cache's stats exactly as they were. O(L + path).
         """
         if self.running >= self.max_running:
             return self.rows_bound
         head = self._expand(trace)
         output_ids = trace.output_ids
-        final_kv_len = len(head.input_ids) + max(len(output_ids) - 1, 0)
-        peek = self.cache.peek_prefix(head.key)
-        hit = peek.hit_len
-        # KV: what the tree could give up once this request locks its hit must cover every admitted
-        # request's outstanding allocations plus this one's uncached part.
-        kv_room = self.kv_pool.available_size() + self.cache.full_evictable_size() - peek.unlocked_tokens
-        if kv_room < self.owed_tokens_total + final_kv_len - hit:
-            return "kv_tokens"
-        # Slots: the live slot (the copy-on-write target of a hit) and the track buffer, from free slots
-        # or checkpoints the tree can evict, not counting the one this request will lock.
-        slot_room = (
-            self.mamba_pool.available_size()
-            + self.cache.mamba_evictable_size()
-            - int(peek.unlocked_checkpoint)
-        )
-        if slot_room < self.admission_slots:
-            return "state_slots"
         req = Req(rid=trace.index, origin_input_ids=head.input_ids, extra_key=trace.extra_key)
-        if not self.cache.admit(req):
+        max_new_tokens = max(len(output_ids), 1)
+        check = self.cache.can_admit(req, max_new_tokens)
+        if not check.ok:
+            return check.reason  # type: ignore[return-value]
+        if not self.cache.admit(req, max_new_tokens):
             raise SimulationError(
-                f"request {trace.index}: cache.admit refused although {slot_room} slots and a request row "
-                "were available (an engine or cache bug)"
+                f"request {trace.index}: cache.admit refused although can_admit agreed (a cache bug)"
             )
-        if req.cache_protected_len != hit:
+        if req.cache_protected_len != check.hit_len:
             raise SimulationError(
-                f"request {trace.index}: peek_prefix found a {hit}-token hit but match_prefix "
+                f"request {trace.index}: can_admit found a {check.hit_len}-token hit but admission "
                 f"{req.cache_protected_len} (a cache bug)"
             )
-        owed = final_kv_len - hit
         sim = _SimReq(
             trace=trace,
             req=req,
             arrival_s=arrival_s,
             input_ids=head.input_ids,
             output_ids=output_ids,
-            final_kv_len=final_kv_len,
-            owed_tokens=owed,
+            final_kv_len=len(head.input_ids) + max(len(output_ids) - 1, 0),
             prefix_fp=PrefixFingerprints(np.concatenate([head.input_array, trace.output_array()])),
             admitted_s=self.now_s,
         )
         self._head = None
-        self.owed_tokens_total += owed
         self.metrics.record_admission(
             trace.index,
             trace.input_len,
             trace.output_len,
-            hit,
-            peek.full_kv_hit_len,
+            check.hit_len,
+            check.full_kv_hit_len,
             self._ideal_hits.pop(trace.index, 0),
         )
         return sim
@@ -436,6 +420,10 @@ class Engine:
             if self._blocked == (self._resource_epoch, trace.index):
                 break
             got = self._try_admit(trace, arrival_s)
+            if got == "too_long":  # it never fits, however empty the pools get: reject it now
+                self.waiting.popleft()
+                self._reject(trace)
+                continue
             if isinstance(got, str):
                 self.metrics.record_blocked(got)
                 self.metrics.record_running(self.running, got)
@@ -460,44 +448,36 @@ class Engine:
         return True
 
     def _prefill_chunk(self, sim: _SimReq, n: int) -> None:
-        """One chunk ``[kv_len, kv_len + n)``: allocate KV, stamp states, hand the chunk to the cache."""
+        """One chunk ``[kv_len, kv_len + n)``: extend, play the model, commit (the chunk's checkpoint goes
+        to the tree unless the request finishes right away)."""
         req = sim.req
-        start = req.kv_len
         self._verify_live(sim)
-        self._append_kv(sim, n)
-        track_len = strategies.prefill_track_len(
-            self.config, start, n, req.mamba_branching_seqlen, input_len=len(sim.input_ids)
-        )
-        if track_len is not None:
-            self._track(req, sim.prefix_fp.at(track_len), track_len)
-        self.stamps.write(req.mamba_pool_idx, sim.prefix_fp.at(start + n), start + n)  # type: ignore[arg-type]
-        req.kv_len = start + n
+        plan = self._extend(sim, n)
+        self._run_model(sim, plan)
         self.metrics.prefill_chunks += 1
-        last = req.kv_len == len(sim.input_ids)
+        last = plan.end == len(sim.input_ids)
         if last and sim.output_ids:
             req.output_ids = sim.output_ids[:1]  # the token the last prefill chunk samples
-        if last and req.kv_len >= sim.final_kv_len:
-            return  # finishes right away: cache_finished_req, not cache_unfinished_req
-        self.cache.cache_unfinished_req(req)
+        self.cache.commit(plan, finished=last and plan.end >= sim.final_kv_len)
 
-    def _track(self, req: Req, fp: int, seq_len: int) -> None:
-        """The model writes the state at ``seq_len`` into the current ping-pong entry."""
-        slot = req.mamba_ping_pong_track_buffer[req.mamba_next_track_idx]  # type: ignore[index]
-        self.stamps.write(slot, fp, seq_len)
-        req.mamba_last_track_seqlen = seq_len
-        if not self.config.is_lazy:
-            req.mamba_next_track_idx = self.req_pool.ping_pong_other_idx(req.mamba_next_track_idx)
-
-    def _append_kv(self, sim: _SimReq, n: int) -> None:
-        idx = self.cache.alloc_token_slots(n)
-        if idx is None:
+    def _extend(self, sim: _SimReq, n: int) -> ForwardPlan:
+        plan = self.cache.extend(sim.req, n)
+        if plan is None:
             raise SimulationError(
                 f"request {sim.trace.index}: {n} KV tokens could not be had although admission reserved them "
                 f"(free {self.kv_pool.available_size()}, evictable {self.cache.full_evictable_size()})"
             )
-        self.req_pool.write(sim.req.req_pool_idx, sim.req.kv_len, idx)
-        sim.owed_tokens -= n
-        self.owed_tokens_total -= n
+        return plan
+
+    def _run_model(self, sim: _SimReq, plan: ForwardPlan) -> None:
+        """The model's part of a forward: the state at ``plan.end`` into the live slot, the tracked state
+        into the track slot. O(1) (stamps)."""
+        self.stamps.write(plan.live_slot, sim.prefix_fp.at(plan.end), plan.end)
+        if plan.track_slot is not None:
+            assert plan.track_len is not None
+            self.stamps.write(plan.track_slot, sim.prefix_fp.at(plan.track_len), plan.track_len)
+            if not plan.is_prefill:
+                self.metrics.decode_boundaries += 1
 
     def _verify_live(self, sim: _SimReq) -> None:
         """With ``verify_states``: the live slot must hold the state of exactly ``kv_len`` tokens. O(1)."""
@@ -528,9 +508,9 @@ class Engine:
     def _schedule_event(self, sim: _SimReq) -> None:
         kv = sim.req.kv_len
         target = sim.final_kv_len
-        if self.config.uses_extra_buffer:
-            interval = self.config.mamba_track_interval
-            target = min(target, (kv // interval + 1) * interval)
+        boundary = self.cache.buffer.next_decode_boundary(kv)
+        if boundary is not None:
+            target = min(target, boundary)
         if self.options.decode_step_events:
             target = min(target, kv + 1)
         sim.event_step = sim.sync_step + (target - kv)
@@ -553,62 +533,33 @@ class Engine:
             self._decode_event(sim)
 
     def _decode_event(self, sim: _SimReq) -> None:
-        """Catch ``sim`` up to the current step: one KV segment, one stamp, then boundary or finish."""
+        """Catch ``sim`` up to the current step: one extend over the steps since its last event (ending at
+        its next decode boundary or its last token), one stamp, then the boundary's track or the finish."""
         req = sim.req
         steps = self.global_step - sim.sync_step
-        start = req.kv_len
+        n_in = len(sim.input_ids)
         self._verify_live(sim)
-        self._append_kv(sim, steps)
-        end = start + steps
-        self.stamps.write(req.mamba_pool_idx, sim.prefix_fp.at(end), end)  # type: ignore[arg-type]
-        req.kv_len = end
-        req.output_ids = sim.output_ids[: end - len(sim.input_ids) + 1]
+        end = req.kv_len + steps
+        req.output_ids = sim.output_ids[: end - n_in]  # the tokens whose KV this segment computes
+        plan = self._extend(sim, steps)
+        self._run_model(sim, plan)
+        req.output_ids = sim.output_ids[: end - n_in + 1]  # and the token it samples
         sim.sync_step = self.global_step
         self.metrics.decode_segments += 1
-        boundary = strategies.is_decode_boundary(self.config, end)
-        if end >= sim.final_kv_len:
-            # SGLang's prefix-cache update runs before its finish check: a boundary in the step that
-            # samples the last token is tracked, and cache_finished_req inserts it.
-            if boundary:
-                self._decode_boundary(sim, finishing=True)
+        finishing = end >= sim.final_kv_len
+        # SGLang's prefix-cache update runs before its finish check: a boundary in the step that samples
+        # the last token is tracked, and finish inserts it.
+        self.cache.commit(plan, finished=finishing)
+        if finishing:
             self.decoding.discard(sim)
             self._finish(sim)
             return
-        if boundary:
-            self._decode_boundary(sim)
         self._schedule_event(sim)
-
-    def _decode_boundary(self, sim: _SimReq, finishing: bool = False) -> None:
-        """Track the state at ``kv_len``. Running on: hand it to the tree now (``cache_unfinished_req``;
-        lazy: release the old slot). ``finishing``: leave it tracked for ``cache_finished_req`` (which
-        inserts at ``mamba_last_track_seqlen`` and frees the request's slots)."""
-        req = sim.req
-        if self.config.is_lazy and not self.req_pool.lazy_alloc_boundary_slot(req):
-            self.cache.evict(num_states=1)
-            if not self.req_pool.lazy_alloc_boundary_slot(req):
-                self.lazy_boundary_skips += 1  # no slot to borrow: skip this checkpoint, never corrupt
-                return
-        self._track(req, sim.prefix_fp.at(req.kv_len), req.kv_len)
-        self.metrics.decode_boundaries += 1
-        if finishing:
-            return
-        self.cache.cache_unfinished_req(req)
-        if self.config.is_lazy:
-            self.req_pool.lazy_release_old_slot(req)
 
     # ------------------------------------------------------------------------------------------- finish
     def _finish(self, sim: _SimReq) -> None:
         req = sim.req
-        req.finished = True
-        self.cache.cache_finished_req(req)
-        if req.mamba_pool_idx is not None or req.mamba_ping_pong_track_buffer is not None:
-            raise SimulationError(
-                f"request {sim.trace.index}: cache_finished_req left state slots on the request "
-                f"(live {req.mamba_pool_idx}, track {req.mamba_ping_pong_track_buffer})"
-            )
-        self.req_pool.free(req)
-        self.owed_tokens_total -= sim.owed_tokens
-        sim.owed_tokens = 0
+        self.cache.finish(req)
         self.finished += 1
         self._resource_epoch += 1
         every = self.options.check_invariants_every
@@ -632,7 +583,7 @@ class Engine:
                 finished=self.finished,
                 running=self.running,
                 waiting=len(self.waiting),
-                kv_used_tokens=int(self.kv_pool.used) + self.owed_tokens_total,
+                kv_used_tokens=int(self.kv_pool.used) + self.cache.reserved_kv_tokens,
                 kv_tree_tokens=int(kv_tree),
                 kv_capacity_tokens=self.pools.kv_tokens,
                 slots_used=int(self.mamba_pool.used),
@@ -656,7 +607,6 @@ class Engine:
         out["state_slot_copies"] = self.mamba_pool.copied_slots
         out["state_copy_calls"] = self.mamba_pool.copy_calls
         out["state_copy_bytes"] = self.mamba_pool.copied_slots * self.pools.bytes_per_state_slot
-        out["lazy_boundary_skips"] = self.lazy_boundary_skips
         out["rejected_requests"] = self.rejected
         out["max_running_requests"] = self.max_running
         return out

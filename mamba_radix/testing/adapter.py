@@ -71,7 +71,9 @@ class SuiteParams:
     ``kv_pages`` is the KV capacity in pages (tokens = ``kv_pages * page_size``); ``state_slots`` the usable
     slots of the state pool; ``req_rows`` the request rows (the bound on running requests);
     ``state_chunk`` the prefill checkpoint grid before the lcm with the page size; ``prefill_chunk`` the
-    chunked-prefill size; ``track_interval`` the decode checkpoint period.
+    chunked-prefill size; ``track_interval`` the decode checkpoint period; ``kv_only_leaves`` whether the
+    cache keeps a deleted leaf's stateless ancestors as KV-only leaves (SGLang 0.5.23), so a tombstone
+    leaf is allowed.
     """
 
     page_size: int = 1
@@ -86,6 +88,7 @@ class SuiteParams:
     state_chunk: int = 2
     prefill_chunk: int = 4
     track_interval: int = 4
+    kv_only_leaves: bool = False
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.adapter = type(self).adapter_factory(params)
         self.params = params
         self.page = params.page_size
-        self.oracle = PrefixOracle(params.page_size, math.lcm(params.state_chunk, params.page_size))
+        self.oracle = PrefixOracle(
+            params.page_size, math.lcm(params.state_chunk, params.page_size), params.kv_only_leaves
+        )
         self.check_everything()
 
     def _caps(self, name: str) -> bool:

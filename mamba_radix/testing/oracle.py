@@ -62,7 +62,8 @@ class PrefixOracle:
     used to judge ``mamba_branching_seqlen``.
     """
 
-    def __init__(self, page_size: int, grid: int) -> None:
+    def __init__(self, page_size: int, grid: int, kv_only_leaves: bool = False) -> None:
+        self.kv_only_leaves = kv_only_leaves
         self.page_size = page_size
         self.grid = grid
         self.kv: dict[Key, tuple[int, ...]] = {}
@@ -173,11 +174,15 @@ class PrefixOracle:
                         f"locked path {key}: index of {pk} changed {self.kv[pk]} -> {snap.kv[pk]}"
                     )
                     break
-        # a maximal resident prefix is the end of a leaf, and a leaf is never a tombstone
-        extended = {(e, t[:-page]) for (e, t) in snap.kv}
-        for key in snap.kv:
-            if key not in snap.checkpoints and key not in extended:
-                problems.append(f"leaf {key} is a tombstone (resident KV with no checkpoint and no child)")
+        # a maximal resident prefix is the end of a leaf, and a leaf is never a tombstone (unless the
+        # cache keeps KV-only leaves on purpose, SGLang 0.5.23)
+        if not self.kv_only_leaves:
+            extended = {(e, t[:-page]) for (e, t) in snap.kv}
+            for key in snap.kv:
+                if key not in snap.checkpoints and key not in extended:
+                    problems.append(
+                        f"leaf {key} is a tombstone (resident KV with no checkpoint and no child)"
+                    )
         if problems:
             raise OracleViolation("oracle: " + "; ".join(problems[:8]))
         self.kv = dict(snap.kv)

@@ -3,10 +3,8 @@
 It builds a tiny cache from :class:`~mamba_radix.testing.adapter.SuiteParams` (pools of a few dozen KV
 tokens and a handful of state slots, so eviction and slot exhaustion happen all the time), plays the part
 of the model by stamping state slots (:mod:`mamba_radix.state_stamp`), and runs requests through the
-engine protocol of ``docs/architecture.md``: admission match on ``input[:-1]`` with copy-on-write, lock,
-allocation, chunked prefill with ``cache_unfinished_req`` after each chunk, decode with checkpoints at the
-track interval (the lazy strategy borrowing and releasing its second slot around it), and
-``cache_finished_req``.
+cache's request lifecycle (:mod:`mamba_radix.lifecycle`: ``admit``, ``extend`` / ``commit`` per prefill
+chunk and decode step, ``finish``), writing states exactly where each plan says.
 
 Before running a chunk or a decode step the adapter checks that the live state it starts from is the state
 of exactly the tokens whose KV the request holds (a model would otherwise continue from garbage).
@@ -26,12 +24,12 @@ from hypothesis import strategies as st
 
 from mamba_radix.cache import MambaRadixCache
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, CacheConfig
+from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.node import TreeNode
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
 from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from mamba_radix.request import Req
 from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
-from mamba_radix.strategies import is_decode_boundary, prefill_track_len
 from mamba_radix.testing.adapter import (
     AdmitOutcome,
     EvictOutcome,
@@ -57,12 +55,15 @@ _NO_SLOT = -1
 class RadixSuiteParams(SuiteParams):
     """:class:`SuiteParams` plus the knobs only this cache has (the peers' policies, DESIGN.md §9):
     ``checkpoint_admission`` (``mamba_checkpoint_admission``), ``flop_weight`` and ``flop_crossover``
-    (``mamba_flop_weight`` / ``mamba_flop_crossover``, used by ``eviction_order="flop_weighted"``).
-    A plain :class:`SuiteParams` runs with the defaults."""
+    (``mamba_flop_weight`` / ``mamba_flop_crossover``, used by ``eviction_order="flop_weighted"``),
+    ``slot_headroom`` and ``decode_insert`` (``mamba_slot_headroom`` / ``mamba_decode_insert``, the SGLang
+    release switches; ``kv_only_leaves`` is a :class:`SuiteParams` field). A plain :class:`SuiteParams` runs with the defaults."""
 
     checkpoint_admission: str = "all"
     flop_weight: float = DEFAULT_FLOP_WEIGHT
     flop_crossover: int = DEFAULT_FLOP_CROSSOVER
+    slot_headroom: str = "exact"
+    decode_insert: bool = False
 
 
 @st.composite
@@ -104,6 +105,9 @@ def radix_params(
         else draw(st.sampled_from(["all", "branch_and_end"])),
         flop_weight=draw(st.sampled_from([0.0, 0.5, 2.0, DEFAULT_FLOP_WEIGHT])),
         flop_crossover=draw(st.sampled_from([1, 4, DEFAULT_FLOP_CROSSOVER])),
+        kv_only_leaves=draw(st.booleans()),
+        slot_headroom=draw(st.sampled_from(["exact", "per_chunk"])),
+        decode_insert=draw(st.booleans()),
     )
 
 
@@ -127,6 +131,9 @@ class MambaRadixAdapter:
             mamba_checkpoint_admission=getattr(params, "checkpoint_admission", "all"),  # type: ignore[arg-type]
             mamba_flop_weight=getattr(params, "flop_weight", DEFAULT_FLOP_WEIGHT),
             mamba_flop_crossover=getattr(params, "flop_crossover", DEFAULT_FLOP_CROSSOVER),
+            mamba_kv_only_leaves=params.kv_only_leaves,
+            mamba_slot_headroom=getattr(params, "slot_headroom", "exact"),  # type: ignore[arg-type]
+            mamba_decode_insert=getattr(params, "decode_insert", False),
         )
         page = params.page_size
         # Two conv tensors and a temporal one, each >= 16 bytes per layer row: a copy that skips a tensor
@@ -160,8 +167,8 @@ class MambaRadixAdapter:
 
     @contextmanager
     def _no_state_faults(self) -> Iterator[None]:
-        """Admission counts free slots before taking them, so an injected ``None`` there would not be a
-        realistic failure; capacity holds cover admission instead."""
+        """Admission with injected state-pool faults waits for the transactional HybridReqToTokenPool.alloc
+        (issue 11); capacity holds cover admission meanwhile."""
         pending = self.state_faults.remaining
         self.state_faults.disarm()
         try:
@@ -176,19 +183,6 @@ class MambaRadixAdapter:
         assert req.req_pool_idx is not None
         return tuple(self.req_pool.req_to_token[req.req_pool_idx, :upto].tolist())
 
-    def _alloc_kv(self, req: Req, n: int) -> torch.Tensor | None:
-        """KV for positions ``[kv_len, kv_len + n)`` of ``req``, evicting once on failure."""
-        for attempt in range(2):
-            if self.params.page_size == 1:
-                kv = self.allocator.alloc(n)
-            else:
-                last = self.req_pool.req_to_token[req.req_pool_idx, req.kv_len - 1] if req.kv_len else -1
-                kv = self.allocator.alloc_extend([req.kv_len], [req.kv_len + n], [int(last)], n)  # type: ignore[union-attr]
-            if kv is not None or attempt:
-                return kv
-            self.cache.evict(num_tokens=n + self.params.page_size)
-        return None
-
     def _check_live(self, req: Req) -> None:
         """The model is about to continue from the live slot: it must hold the state at ``kv_len``."""
         assert req.mamba_pool_idx is not None
@@ -200,23 +194,28 @@ class MambaRadixAdapter:
                 f"but its KV covers {req.kv_len} tokens {want}"
             )
 
-    def _checkpoint_len(self, req: Req) -> int | None:
-        """Where the request holds a state it can hand to the tree now (tracked, or live)."""
-        return req.mamba_last_track_seqlen if self.config.uses_extra_buffer else req.kv_len
-
-    def _cache_unfinished(self, req: Req) -> None:
-        """``cache_unfinished_req``, then check that it made progress: unless the cache reports the
-        checkpoint skipped for want of a slot, the request's protected prefix now ends at the checkpoint
-        (a cache that silently never caches would otherwise pass every other check)."""
-        cache_len, protected = self._checkpoint_len(req), req.cache_protected_len
-        skipped = self.cache.stats.checkpoints_skipped
-        self.cache.cache_unfinished_req(req)
-        if cache_len is None or cache_len <= protected or self.cache.stats.checkpoints_skipped > skipped:
+    def _commit(self, plan: ForwardPlan) -> None:
+        """Play the model for ``plan`` (stamp the end state into the live slot and the tracked state into
+        the track slot), commit it, then check that the hand-over made progress: unless the cache reports
+        the checkpoint skipped for want of a slot, the request's protected prefix now ends at the state it
+        handed over (a cache that silently never caches would otherwise pass every other check)."""
+        req = plan.req
+        self._stamp(plan.live_slot, req.token_ids(plan.end))
+        if plan.track_slot is not None:
+            assert plan.track_len is not None
+            self._stamp(plan.track_slot, req.token_ids(plan.track_len))
+        if plan.is_prefill:
+            handed = plan.track_len if self.cache.buffer.tracks else plan.end
+        else:
+            handed = plan.track_len if self.config.mamba_decode_insert else None
+        protected, skipped = req.cache_protected_len, self.cache.stats.checkpoints_skipped
+        self.cache.commit(plan)
+        if handed is None or handed <= protected or self.cache.stats.checkpoints_skipped > skipped:
             return
-        if req.cache_protected_len != cache_len:
+        if req.cache_protected_len != handed:
             raise SuiteViolation(
-                f"req {req.rid}: cache_unfinished_req with a state at {cache_len} tokens left the protected "
-                f"prefix at {req.cache_protected_len}"
+                f"req {req.rid}: a hand-over of the state at {handed} tokens left the protected prefix at "
+                f"{req.cache_protected_len}"
             )
 
     def _offer(self, req: Req) -> Offer:
@@ -226,15 +225,6 @@ class MambaRadixAdapter:
             self._row(req, req.kv_len),
             req.cache_protected_len,
         )
-
-    def _track(self, req: Req, length: int) -> None:
-        """The model writes the state at ``length`` into the ping-pong entry ``next_track_idx``."""
-        assert req.mamba_ping_pong_track_buffer is not None
-        slot = req.mamba_ping_pong_track_buffer[req.mamba_next_track_idx]
-        self._stamp(slot, req.token_ids(length))
-        req.mamba_last_track_seqlen = length
-        if not self.config.is_lazy:
-            req.mamba_next_track_idx = self.req_pool.ping_pong_other_idx(req.mamba_next_track_idx)
 
     # ------------------------------------------------------------------------------------ tree ops
     def insert(self, extra_key: Any, tokens: Sequence[int]) -> InsertOutcome | None:
@@ -286,8 +276,8 @@ class MambaRadixAdapter:
 
     # ------------------------------------------------------------------------------------ requests
     def admit(self, rid: int, extra_key: Any, input_ids: Sequence[int]) -> AdmitOutcome | None:
-        """Engine protocol steps 1-2 through :meth:`MambaRadixCache.admit` (match on ``input[:-1]`` with
-        copy-on-write, lock, make room, allocate, write the hit into the row)."""
+        """:meth:`MambaRadixCache.admit`: match on ``input[:-1]`` with copy-on-write, lock, make room,
+        allocate, write the hit into the row; or refuse with nothing changed."""
         req = Req(rid=rid, origin_input_ids=list(input_ids), extra_key=extra_key)
         skipped = self.cache.stats.cow_skipped
         with self._no_state_faults():
@@ -314,58 +304,41 @@ class MambaRadixAdapter:
 
     def prefill_chunk(self, rid: int) -> list[Offer] | None:
         req = self.reqs[rid]
-        start = req.kv_len
-        n = min(self.params.prefill_chunk, len(req.origin_input_ids) - start)
-        kv = self._alloc_kv(req, n)
-        if kv is None:
-            return None
-        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
-        self.req_pool.write(req.req_pool_idx, start, kv)
         self._check_live(req)
-        self._stamp(req.mamba_pool_idx, req.token_ids(start + n))
-        if self.config.uses_extra_buffer:
-            track = prefill_track_len(
-                self.config, start, n, req.mamba_branching_seqlen, input_len=len(req.origin_input_ids)
-            )
-            if track is not None:
-                self._track(req, track)
-        req.kv_len = start + n
-        offer = self._offer(req)
-        self._cache_unfinished(req)
+        plan = self.cache.extend(req, min(self.params.prefill_chunk, len(req.origin_input_ids) - req.kv_len))
+        if plan is None:
+            return None
+        offer = (
+            req.extra_key,
+            tuple(req.token_ids(plan.end)),
+            self._row(req, plan.end),
+            req.cache_protected_len,
+        )
+        self._commit(plan)
         return [offer]
 
     def decode(self, rid: int, token: int) -> list[Offer] | None:
         req = self.reqs[rid]
+        self._check_live(req)
         req.output_ids.append(token)
-        kv = self._alloc_kv(req, 1)
-        if kv is None:
+        plan = self.cache.extend(req, 1)
+        if plan is None:
             req.output_ids.pop()
             return None
-        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
-        self.req_pool.write(req.req_pool_idx, req.kv_len, kv)
-        self._check_live(req)
-        seq_len = req.kv_len + 1
-        self._stamp(req.mamba_pool_idx, req.token_ids(seq_len))
-        req.kv_len = seq_len
-        if not is_decode_boundary(self.config, seq_len):
-            return []
-        if self.config.is_lazy and not self.req_pool.lazy_alloc_boundary_slot(req):
-            self.cache.evict(num_states=1)
-            if not self.req_pool.lazy_alloc_boundary_slot(req):
-                return []  # no slot for this boundary: the checkpoint is skipped, nothing corrupted
-        self._track(req, seq_len)
-        offer = self._offer(req)
-        self._cache_unfinished(req)
-        if self.config.is_lazy:
-            self.req_pool.lazy_release_old_slot(req)
-        return [offer]
+        offer = (
+            req.extra_key,
+            tuple(req.token_ids(plan.end)),
+            self._row(req, plan.end),
+            req.cache_protected_len,
+        )
+        self._commit(plan)
+        return [offer] if self.config.mamba_decode_insert and plan.track_len is not None else []
 
     def finish(self, rid: int, insert: bool) -> list[Offer]:
         req = self.reqs.pop(rid)
         offer = self._offer(req)
-        cache_len, protected = self._checkpoint_len(req), req.cache_protected_len
-        self.cache.cache_finished_req(req, is_insert=insert)
-        self.req_pool.free(req)
+        cache_len, protected = self.cache.buffer.checkpoint_len(req), req.cache_protected_len
+        self.cache.finish(req, insert=insert)
         if insert and req.mamba_lazy_is_insert and cache_len is not None and cache_len > protected:
             key = (req.extra_key, tuple(req.token_ids(cache_len)))
             if key not in self.snapshot().checkpoints:

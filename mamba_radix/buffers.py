@@ -1,0 +1,193 @@
+"""Buffer strategies as objects: where a running request's states live, where they are tracked, and which
+slot goes to the tree (DESIGN.md §6, ``reference/sglang-semantics.md`` §4.7-4.8, §7).
+
+One class per strategy, plus :class:`DisabledCache` for ``--disable-radix-cache``, chosen by
+:func:`buffer_strategy` from the :data:`BUFFER_STRATEGIES` registry. The request lifecycle
+(:mod:`mamba_radix.lifecycle`) asks the object and never branches on the strategy's name:
+
+=====================  ==========================  ================================================
+strategy               slots per running request   states handed to the tree
+=====================  ==========================  ================================================
+``no_buffer``          3                           the live slot, copied at every prefill chunk end;
+                                                   donated without a copy at finish
+``extra_buffer``       3 + P (P = 2 with overlap)  the ping-pong slot the model tracked into (one per
+                                                   prefill chunk; decode boundaries are only tracked,
+                                                   the newest is inserted at finish); no copy
+``extra_buffer_lazy``  3 + 1                       as extra_buffer; the second ping-pong slot is
+                                                   borrowed at a decode boundary, without eviction,
+                                                   and the state is tracked in place when none is free
+disabled               1                           none: nothing is matched or inserted
+=====================  ==========================  ================================================
+
+Positions come from the pure rules in :mod:`mamba_radix.strategies`; this module decides which slot.
+Every method is O(1) (O(P) for the ping-pong bookkeeping).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from mamba_radix import strategies
+from mamba_radix.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.config import CacheConfig
+    from mamba_radix.pools import HybridReqToTokenPool
+    from mamba_radix.request import Req
+
+__all__ = [
+    "BUFFER_STRATEGIES",
+    "BufferStrategy",
+    "DisabledCache",
+    "ExtraBuffer",
+    "LazyExtraBuffer",
+    "NoBuffer",
+    "buffer_strategy",
+]
+
+
+class BufferStrategy:
+    """The rules of one buffer strategy for one :class:`~mamba_radix.config.CacheConfig`.
+
+    Subclasses override the hooks; the defaults here are the no-tracking behaviour shared by
+    ``no_buffer`` and the disabled cache.
+    """
+
+    name: ClassVar[str]
+    caches: ClassVar[bool] = True  # False: nothing is matched or inserted (a disabled radix cache)
+    tracks: ClassVar[bool] = False  # True: the model writes checkpoints into ping-pong track slots
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config.strategy!r})"
+
+    # ------------------------------------------------------------------------------------- admission
+    def admission_slots(self, req: Req) -> int:
+        """State slots admission takes for ``req``: see :func:`strategies.admission_slots`."""
+        return strategies.admission_slots(self.config, req)
+
+    # -------------------------------------------------------------------------------------- tracking
+    def prefill_track_len(self, req: Req, start: int, num_tokens: int) -> int | None:
+        """The sequence length at which the prefill chunk ``[start, start + num_tokens)`` tracks its
+        state into a track slot, or ``None``."""
+        return None
+
+    def next_decode_boundary(self, seq_len: int) -> int | None:
+        """The smallest decode boundary (a KV length whose state decode tracks) above ``seq_len``, or
+        ``None`` if decode tracks nothing."""
+        return None
+
+    def decode_track_slot(self, req: Req, pool: HybridReqToTokenPool) -> int | None:
+        """At a decode boundary: the slot the model tracks into (lazy: borrows the second entry if a slot
+        is free; side effect on the pool and ``req``), or ``None``."""
+        return None
+
+    def prefill_track_slot(self, req: Req) -> int:
+        """The slot a prefill chunk tracks into: the ping-pong entry ``next_track_idx``."""
+        buffer = req.mamba_ping_pong_track_buffer
+        assert buffer is not None, "only tracking strategies track"
+        return buffer[req.mamba_next_track_idx]
+
+    def after_track(self, req: Req, pool: HybridReqToTokenPool, *, decode: bool) -> None:
+        """The model wrote a tracked state: advance the ping-pong bookkeeping (eager: flip to the other
+        entry; lazy decode: release the old slot)."""
+
+    # ------------------------------------------------------------------------------------- hand-over
+    def checkpoint_len(self, req: Req) -> int | None:
+        """The length of the newest state ``req`` can hand to the tree now, or ``None``."""
+        return req.kv_len if self.caches else None
+
+    def unfinished_tree_slot(self, req: Req, pool: HybridReqToTokenPool, new_slot: int) -> tuple[int, bool]:
+        """Mid-request hand-over, given a fresh slot ``new_slot``: returns ``(slot for the tree, copied)``.
+        ``copied``: the live state must be copied into the returned slot (no_buffer); otherwise the
+        tracked slot is donated and ``new_slot`` takes its place in the request's buffer."""
+        return new_slot, True
+
+    def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
+        """At finish: the request's slot holding the state at :meth:`checkpoint_len`, donated as is."""
+        assert req.mamba_pool_idx is not None
+        return req.mamba_pool_idx
+
+
+class NoBuffer(BufferStrategy):
+    """``no_buffer``: the live slot is the only state; it is copied at chunk ends, donated at finish."""
+
+    name = "no_buffer"
+
+
+class DisabledCache(BufferStrategy):
+    """``--disable-radix-cache``: one live slot per request; nothing is matched, tracked or inserted."""
+
+    name = "disabled"
+    caches = False
+
+
+class ExtraBuffer(BufferStrategy):
+    """``extra_buffer``: the model tracks checkpoints into ``P`` ping-pong slots, donated without copy."""
+
+    name = "extra_buffer"
+    tracks = True
+
+    def prefill_track_len(self, req: Req, start: int, num_tokens: int) -> int | None:
+        return strategies.prefill_track_len(
+            self.config, start, num_tokens, req.mamba_branching_seqlen, input_len=len(req.origin_input_ids)
+        )
+
+    def next_decode_boundary(self, seq_len: int) -> int | None:
+        interval = self.config.mamba_track_interval
+        return (seq_len // interval + 1) * interval
+
+    def decode_track_slot(self, req: Req, pool: HybridReqToTokenPool) -> int | None:
+        return self.prefill_track_slot(req)
+
+    def after_track(self, req: Req, pool: HybridReqToTokenPool, *, decode: bool) -> None:
+        req.mamba_next_track_idx = pool.ping_pong_other_idx(req.mamba_next_track_idx)
+
+    def checkpoint_len(self, req: Req) -> int | None:
+        return req.mamba_last_track_seqlen
+
+    def unfinished_tree_slot(self, req: Req, pool: HybridReqToTokenPool, new_slot: int) -> tuple[int, bool]:
+        return pool.donate_ping_pong_slot(req, new_slot), False
+
+    def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
+        buffer = req.mamba_ping_pong_track_buffer
+        assert buffer is not None
+        return buffer[pool.ping_pong_keep_idx(req)]
+
+
+class LazyExtraBuffer(ExtraBuffer):
+    """``extra_buffer_lazy``: one track slot held; the second is borrowed only at a decode boundary.
+
+    The borrow never evicts (SGLang: a transient slot is not worth a cached checkpoint); when no slot is
+    free the state is tracked in place, over the held slot. Its previous state is lost, which is safe
+    here: decode boundaries are inserted only at finish, where only the newest tracked state counts.
+    (SGLang also skips the finish insert in one overlap race, a lookahead this sequential model does not
+    have.)
+    """
+
+    name = "extra_buffer_lazy"
+
+    def decode_track_slot(self, req: Req, pool: HybridReqToTokenPool) -> int | None:
+        pool.lazy_alloc_boundary_slot(req)  # points next_track_idx at the borrowed slot, if it got one
+        return self.prefill_track_slot(req)
+
+    def after_track(self, req: Req, pool: HybridReqToTokenPool, *, decode: bool) -> None:
+        if decode:
+            pool.lazy_release_old_slot(req)
+
+
+BUFFER_STRATEGIES: dict[str, type[BufferStrategy]] = {
+    cls.name: cls for cls in (NoBuffer, ExtraBuffer, LazyExtraBuffer, DisabledCache)
+}
+
+
+def buffer_strategy(config: CacheConfig) -> BufferStrategy:
+    """The strategy object for ``config``: the disabled cache under ``--disable-radix-cache``, else the
+    resolved ``--mamba-radix-cache-strategy``. Raises :class:`ConfigError` for a name not registered."""
+    name = "disabled" if config.disable_radix_cache else config.strategy
+    cls = BUFFER_STRATEGIES.get(name)
+    if cls is None:  # pragma: no cover - CacheConfig validates the names
+        raise ConfigError(f"no buffer strategy registered as {name!r}; known: {', '.join(BUFFER_STRATEGIES)}")
+    return cls(config)

@@ -1,0 +1,511 @@
+"""The request lifecycle: the one protocol by which engines, the simulator, the invariant suite's adapter,
+the reference engine and the tests drive a request through the cache (DESIGN.md §6.2).
+
+The engine only plays the model. The cache tells it, for every forward over a span of tokens, which KV
+indices to write, which slot holds the state to start from, and which slot to track a checkpoint into at
+which length (a :class:`ForwardPlan`); the engine runs the model and hands the plan back
+(:meth:`RequestLifecycle.commit`). Where checkpoints land and which slot goes to the tree is decided by the
+buffer strategy object (:mod:`mamba_radix.buffers`); nobody outside flips ping-pong indices::
+
+    check = cache.can_admit(req, max_new_tokens)      # read-only: would it fit, and why not
+    if cache.admit(req, max_new_tokens):              # match input[:-1] (+ copy-on-write), lock, row, slots
+        while prefilling or decoding:
+            plan = cache.extend(req, num_tokens)      # KV for [kv_len, kv_len + n) (evicting); None: short
+            ...the model reads plan.live_slot, writes KV at plan.kv_indices, the end state into
+               plan.live_slot and, if plan.track_slot is set, the state at plan.track_len into it...
+            cache.commit(plan, finished=...)          # kv_len advances; prefill chunks go to the tree
+            (append the sampled token to req.output_ids)
+        cache.finish(req)                             # newest checkpoint to the tree, the rest freed
+
+Region map of a running request (the tree owns what is below ``cache_protected_len``)::
+
+    [0, cache_protected_len)          tree KV, locked through req.last_node (its checkpoint mamba-locked)
+    [cache_protected_len, kv_len)     the request's KV: inserted (deduplicated) by cache_unfinished_req,
+                                      inserted up to the newest checkpoint and freed past it at finish
+    [kv_len, plan.end)                KV of an extend not yet committed (freed by an abort)
+    live slot                         the state at kv_len (plan.end once the model ran)
+    track slots (ping-pong)           the newest tracked checkpoint, at mamba_last_track_seqlen
+
+SGLang's rule differences between releases are config switches (``mamba_slot_headroom``,
+``mamba_kv_only_leaves``, ``mamba_decode_insert``); :mod:`mamba_radix.peers` names the release presets.
+
+Every call validates everything first and changes nothing when it refuses (returns ``False``/``None``
+for a resource shortage, raises :class:`~mamba_radix.errors.InvalidArgument` for misuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.request import Req
+from mamba_radix.tree import RadixKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.cache import MambaRadixCache
+
+__all__ = ["ADMIT_REASONS", "AdmitCheck", "ForwardPlan", "RequestLifecycle"]
+
+# Why can_admit says no: a request row, state slots or KV tokens are short now; or the request can never
+# fit (longer than a request row or than the whole KV pool).
+ADMIT_REASONS: tuple[str, ...] = ("req_rows", "state_slots", "kv_tokens", "too_long")
+
+
+class AdmitCheck(NamedTuple):
+    """What :meth:`RequestLifecycle.can_admit` found."""
+
+    ok: bool
+    reason: str | None  # one of ADMIT_REASONS when not ok
+    hit_len: int  # the usable hit admission would find now
+    full_kv_hit_len: int  # KV matched, possibly deeper than the hit
+    kv_tokens_needed: int  # KV tokens the request will still allocate (reserved at admission)
+    state_slots_needed: int  # slots admission takes (live slot and track buffer)
+
+
+class ForwardPlan(NamedTuple):
+    """One forward the engine must run for ``req``: tokens ``[start, end)`` of ``req.all_token_ids``.
+
+    The model reads the state at ``start`` from ``live_slot`` and leaves the state at ``end`` there;
+    writes the tokens' KV at ``kv_indices`` (also in the request's ``req_to_token`` row; the KV of
+    ``[0, start)`` is the row's prefix); and, when ``track_slot`` is set, also writes the state at
+    ``track_len`` (``start < track_len <= end``) into ``track_slot``.
+    """
+
+    req: Req
+    start: int
+    end: int
+    kv_indices: torch.Tensor  # int64, end - start entries
+    live_slot: int
+    track_slot: int | None
+    track_len: int | None
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+def _check_count(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_token_list(tokens: object, what: str) -> None:
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise InvalidArgument(f"{what} must be a list of int token ids, got {type(tokens).__name__}")
+
+
+class RequestLifecycle:
+    """The request-level half of :class:`~mamba_radix.cache.MambaRadixCache` (a mixin: it uses the
+    cache's tree, pools, buffer strategy and low-level calls, and owns ``reserved_kv_tokens``).
+
+    KV reservation: :meth:`admit` reserves every KV token the request will still allocate (its
+    uncached prompt, plus ``max_new_tokens - 1`` decode tokens when given); :meth:`can_admit` admits a
+    request only if free plus evictable KV covers the reservations of every running request and its own,
+    so an admitted request never runs out of KV. Its extends draw the reservation down; finish returns the
+    rest.
+    """
+
+    reserved_kv_tokens: int = 0
+
+    # ------------------------------------------------------------------------------------- admission
+    def _final_kv_len(self: MambaRadixCache, req: Req, max_new_tokens: int | None) -> int:
+        # the last sampled token's KV is never computed
+        return len(req.origin_input_ids) + (max_new_tokens - 1 if max_new_tokens else 0)
+
+    def _page_ceil(self: MambaRadixCache, num_tokens: int) -> int:
+        page = self.config.page_size
+        return -(-num_tokens // page) * page
+
+    def _check_new_request(self: MambaRadixCache, req: Req, max_new_tokens: int | None) -> None:
+        if not isinstance(req, Req):
+            raise InvalidArgument(f"admission takes a Req, got {type(req).__name__}")
+        _check_token_list(req.origin_input_ids, f"request {req.rid!r}: origin_input_ids")
+        _check_token_list(req.output_ids, f"request {req.rid!r}: output_ids")
+        if not req.origin_input_ids:
+            raise InvalidArgument(f"request {req.rid!r} has an empty prompt; give it at least one token")
+        if max_new_tokens is not None:
+            _check_count(max_new_tokens, "max_new_tokens", 1)
+        if (
+            req.last_node is not None
+            or req.req_pool_idx is not None
+            or req.mamba_pool_idx is not None
+            or req.mamba_ping_pong_track_buffer is not None
+            or req.kv_len
+        ):
+            raise InvalidArgument(
+                f"request {req.rid!r} is already admitted or carries pool fields (row, slots, lock or "
+                "kv_len); admit each request once, as a fresh Req"
+            )
+
+    def can_admit(self: MambaRadixCache, req: Req, max_new_tokens: int | None = None) -> AdmitCheck:
+        """Whether :meth:`admit` would admit ``req`` now, and why not. Read-only: nothing is split,
+        stamped, counted or evicted. ``max_new_tokens``: output tokens the request will produce (its
+        decode KV is reserved); ``None`` reserves only the prompt. O(L + path)."""
+        self._check_new_request(req, max_new_tokens)
+        tokens = req.origin_input_ids
+        peek = self.peek_prefix(RadixKey(tokens[:-1], req.extra_key))
+        hit = peek.hit_len
+        final = self._final_kv_len(req, max_new_tokens)
+        need_tokens = self._page_ceil(final) - hit
+        need_slots = self.buffer.admission_slots(req)
+
+        def verdict(reason: str | None) -> AdmitCheck:
+            return AdmitCheck(reason is None, reason, hit, peek.full_kv_hit_len, need_tokens, need_slots)
+
+        pool = self.req_to_token_pool
+        allocator = self.token_to_kv_pool_allocator
+        if final > pool.req_to_token.shape[1] or need_tokens > allocator.size:
+            return verdict("too_long")
+        if pool.available_size() < 1:
+            return verdict("req_rows")
+        kv_room = allocator.available_size() + self.full_evictable_size() - peek.unlocked_tokens
+        if kv_room < self.reserved_kv_tokens + need_tokens:
+            return verdict("kv_tokens")
+        slot_room = (
+            self.mamba_pool.available_size() + self.mamba_evictable_size() - int(peek.unlocked_checkpoint)
+        )
+        if slot_room < need_slots:
+            return verdict("state_slots")
+        return verdict(None)
+
+    def admit(self: MambaRadixCache, req: Req, max_new_tokens: int | None = None) -> bool:
+        """Admit ``req`` if :meth:`can_admit` says it fits; return whether it was admitted.
+
+        Matches the prompt less its last token (one token is always computed, for the logits) with
+        copy-on-write of the hit into a live slot, locks ``req.last_node``, evicts checkpoints for the
+        slots it takes (``mamba_slot_headroom``), takes a request row, the live slot and the track buffer,
+        writes the hit's KV indices into the row, sets ``req.kv_len`` to the hit length (the live slot
+        holds the state there; zeroed when there is no hit) and reserves the request's KV.
+
+        A refusal changes nothing. Should a pool allocation fail anyway (only an injected fault can: the
+        check counted every slot), the lock, the copy-on-write slot and the request's fields are undone
+        and ``False`` returned; only the match's split and recency refresh stay, which change no hit.
+        O(L + path * log n), plus one slot copy.
+        """
+        check = self.can_admit(req, max_new_tokens)
+        if not check.ok:
+            return False
+        tokens = req.origin_input_ids
+        self.match_prefix(RadixKey(tokens[:-1], req.extra_key), cow_mamba=True, req=req)
+        node = req.last_node
+        assert node is not None
+        self.tree.inc_lock_ref(node)
+        headroom = max(self.config.per_chunk_headroom_slots, self.buffer.admission_slots(req))
+        self.make_room(num_states=headroom)
+        if self.req_to_token_pool.alloc([req]) is None:
+            self._undo_admission(req, node)
+            return False
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
+        if req.cache_protected_len:
+            self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+        else:
+            self.mamba_pool.clear_slots([req.mamba_pool_idx])
+        req.kv_len = req.cache_protected_len
+        req.kv_reserved_tokens = check.kv_tokens_needed
+        req.prefill_chunks = 0
+        self.reserved_kv_tokens += check.kv_tokens_needed
+        return True
+
+    def _undo_admission(self: MambaRadixCache, req: Req, node: object) -> None:
+        self.tree.dec_lock_ref(node)  # type: ignore[arg-type]
+        if req.mamba_pool_idx is not None:  # the copy-on-write target, taken by the match
+            self.mamba_pool.free([req.mamba_pool_idx])
+            req.mamba_pool_idx = None
+        req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
+        req.last_node = None
+        req.cache_protected_len = 0
+        req.mamba_branching_seqlen = None
+        req.mamba_cow_src_slot = None
+
+    # ---------------------------------------------------------------------------------------- extend
+    def _row(self: MambaRadixCache, req: Req, verb: str) -> torch.Tensor:
+        """Validate ``req``'s bookkeeping as a running request; return its ``req_to_token`` row. O(1)."""
+        if not isinstance(req, Req):
+            raise InvalidArgument(f"{verb} takes a Req, got {type(req).__name__}")
+        if req.req_pool_idx is None or not self.req_to_token_pool.is_row_allocated(req.req_pool_idx):
+            raise InvalidArgument(f"{verb}: request {req.rid!r} holds no request row; admit it first")
+        node = req.last_node
+        if node is None or not self.tree.is_attached(node):
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} holds no lock in this cache (never admitted here, or "
+                "finished twice)"
+            )
+        if node.depth != req.cache_protected_len:
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} has cache_protected_len={req.cache_protected_len} but its "
+                f"last_node ends at {node.depth}; do not edit the cache's request fields"
+            )
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        kv_len = req.kv_len
+        if isinstance(kv_len, bool) or not isinstance(kv_len, int):
+            raise InvalidArgument(f"{verb}: request {req.rid!r} has kv_len={kv_len!r}; it must be an int")
+        if not req.cache_protected_len <= kv_len <= min(req.seq_len, row.numel()):
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} has kv_len={kv_len}, outside "
+                f"[cache_protected_len={req.cache_protected_len}, seq_len={req.seq_len}]"
+            )
+        return row
+
+    def extend(self: MambaRadixCache, req: Req, num_tokens: int) -> ForwardPlan | None:
+        """Allocate KV for the next ``num_tokens`` tokens of ``req`` and say where the model writes states.
+
+        A prefill extend (``kv_len`` inside the prompt) must end at or before the prompt's end; a decode
+        extend must not cross a decode boundary (``cache.buffer.next_decode_boundary``), it may end on
+        one. The tokens must be known (append sampled tokens to ``req.output_ids`` first). KV comes from
+        free indices, then from eviction; paged, the request's last partial page is continued. With
+        ``mamba_slot_headroom="per_chunk"`` a prefill chunk after the first first evicts checkpoints
+        until the headroom is free (SGLang 0.5.20). At a decode boundary the lazy strategy borrows its
+        second track slot.
+
+        Returns the plan (commit it with :meth:`commit` once the model ran), or ``None`` with nothing
+        changed when KV is short even after eviction. Raises :class:`InvalidArgument` for misuse,
+        including an extend while the previous plan is not committed. O(num_tokens + victims * log n).
+        """
+        row = self._row(req, "extend")
+        _check_count(num_tokens, "num_tokens", 1)
+        if req.pending_plan is not None:
+            raise InvalidArgument(
+                f"extend: request {req.rid!r} has an uncommitted plan for [{req.pending_plan.start}, "
+                f"{req.pending_plan.end}); commit it first (or finish(req, insert=False) to abort)"
+            )
+        start, end = req.kv_len, req.kv_len + num_tokens
+        input_len = len(req.origin_input_ids)
+        is_prefill = start < input_len
+        if end > req.seq_len:
+            raise InvalidArgument(
+                f"extend: request {req.rid!r} knows {req.seq_len} tokens but the extend ends at {end}; "
+                "append the sampled token to req.output_ids before extending over it"
+            )
+        if end > row.numel():
+            raise InvalidArgument(
+                f"extend: request {req.rid!r} would reach {end} tokens, past the request row's "
+                f"{row.numel()} (max_context_len)"
+            )
+        if is_prefill and end > input_len:
+            raise InvalidArgument(
+                f"extend: a prefill extend ends at the prompt's end ({input_len}); got [{start}, {end})"
+            )
+        boundary = None if is_prefill else self.buffer.next_decode_boundary(start)
+        if boundary is not None and boundary < end:
+            raise InvalidArgument(
+                f"extend: the decode span [{start}, {end}) crosses the decode boundary {boundary}; "
+                f"extend at most {boundary - start} tokens"
+            )
+        allocator = self.token_to_kv_pool_allocator
+        need = self._page_ceil(end) - self._page_ceil(start)
+        if allocator.available_size() + self.full_evictable_size() < need:
+            return None
+        if is_prefill and req.prefill_chunks and self.config.per_chunk_headroom_slots:
+            self.make_room(num_states=self.config.per_chunk_headroom_slots)
+        self.make_room(num_tokens=need)
+        if self.config.page_size == 1:
+            kv = allocator.alloc(num_tokens)
+        else:
+            last_loc = int(row[start - 1]) if start % self.config.page_size else -1
+            kv = allocator.alloc_extend([start], [end], [last_loc], num_tokens)
+        if kv is None:  # only an injected fault: the check above counted the room
+            return None
+        self.req_to_token_pool.write(req.req_pool_idx, start, kv)  # type: ignore[arg-type]
+        drawn = min(req.kv_reserved_tokens, need)
+        req.kv_reserved_tokens -= drawn
+        self.reserved_kv_tokens -= drawn
+        track_slot: int | None = None
+        track_len: int | None = None
+        if is_prefill:
+            track_len = self.buffer.prefill_track_len(req, start, num_tokens)
+            if track_len is not None:
+                track_slot = self.buffer.prefill_track_slot(req)
+        elif boundary == end:
+            track_slot = self.buffer.decode_track_slot(req, self.req_to_token_pool)
+            track_len = end if track_slot is not None else None
+        assert req.mamba_pool_idx is not None
+        plan = ForwardPlan(req, start, end, kv, req.mamba_pool_idx, track_slot, track_len, is_prefill)
+        req.pending_plan = plan
+        return plan
+
+    def commit(self: MambaRadixCache, plan: ForwardPlan, *, finished: bool = False) -> None:
+        """The model ran ``plan``: advance ``req.kv_len`` to ``plan.end``, record the tracked state
+        (``mamba_last_track_seqlen``; the ping-pong bookkeeping advances) and, after a prefill chunk, hand
+        the newest checkpoint and the KV before it to the tree (:meth:`cache_unfinished_req`). Decode
+        checkpoints are only tracked (SGLang); ``mamba_decode_insert`` hands them over at once.
+        ``finished``: the request finishes after this forward; nothing is handed over, :meth:`finish`
+        inserts the newest state. O(L + path * log n) with a hand-over, else O(P).
+        """
+        if not isinstance(plan, ForwardPlan):
+            raise InvalidArgument(f"commit takes the ForwardPlan extend returned, got {type(plan).__name__}")
+        req = plan.req
+        self._row(req, "commit")
+        if req.pending_plan is not plan:
+            raise InvalidArgument(
+                f"commit: this plan is not request {req.rid!r}'s pending one (committed already, or from "
+                "an older extend); commit each plan once, in order"
+            )
+        req.pending_plan = None
+        req.kv_len = plan.end
+        if plan.track_len is not None:
+            req.mamba_last_track_seqlen = plan.track_len
+            self.buffer.after_track(req, self.req_to_token_pool, decode=not plan.is_prefill)
+        if plan.is_prefill:
+            req.prefill_chunks += 1
+        hand_over = plan.is_prefill or (self.config.mamba_decode_insert and plan.track_len is not None)
+        if hand_over and not finished:
+            self.cache_unfinished_req(req)
+
+    def finish(self: MambaRadixCache, req: Req, insert: bool = True) -> None:
+        """Finish ``req``: :meth:`cache_finished_req` (the newest checkpoint and the KV before it to the
+        tree, the rest freed, every slot released, the lock dropped), then free its request row and return
+        its unused KV reservation. ``insert=False`` aborts: nothing is inserted, and an uncommitted plan's
+        KV is freed too. Raises :class:`InvalidArgument` (nothing changed) for ``insert=True`` with an
+        uncommitted plan: the model may have overwritten the state that would be inserted.
+        O(L + path * log n).
+        """
+        self._row(req, "finish")
+        plan = req.pending_plan
+        if plan is not None and insert:
+            raise InvalidArgument(
+                f"finish: request {req.rid!r} has an uncommitted plan for [{plan.start}, {plan.end}); "
+                "commit it first, or finish(req, insert=False) to abort"
+            )
+        if plan is not None:
+            req.pending_plan = None
+            self.token_to_kv_pool_allocator.free(plan.kv_indices)
+        self.cache_finished_req(req, is_insert=insert)
+        self.req_to_token_pool.free(req)
+        self.reserved_kv_tokens -= req.kv_reserved_tokens
+        req.kv_reserved_tokens = 0
+        req.finished = True
+
+    # ------------------------------------------------------------------ SGLang's request-level calls
+    def _checkpoint_len(self: MambaRadixCache, req: Req, verb: str) -> int | None:
+        """The length of the state the request can hand to the tree now (validated), or ``None``."""
+        cache_len = self.buffer.checkpoint_len(req)
+        if cache_len is None:
+            return None
+        if (
+            isinstance(cache_len, bool)
+            or not isinstance(cache_len, int)
+            or not req.cache_protected_len <= cache_len <= req.kv_len
+            or cache_len % self.config.page_size
+        ):
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} checkpoints at {cache_len!r}, which must be a multiple of "
+                f"page_size={self.config.page_size} in [cache_protected_len={req.cache_protected_len}, "
+                f"kv_len={req.kv_len}]; set mamba_last_track_seqlen to the tracked length"
+            )
+        return cache_len
+
+    def _check_request_kv(self: MambaRadixCache, req: Req, kv: torch.Tensor, verb: str) -> None:
+        """The request's own KV ``kv`` (its row past ``cache_protected_len``) must be allocated. O(len)."""
+        if kv.numel() and not bool(self.token_to_kv_pool_allocator.is_allocated(kv).all()):
+            bad = int(kv[~self.token_to_kv_pool_allocator.is_allocated(kv)][0])
+            raise InvalidIndex(
+                f"{verb}: request {req.rid!r} has KV index {bad} in its row that is not allocated; write "
+                "only indices from the allocator into req_to_token"
+            )
+
+    def cache_unfinished_req(self: MambaRadixCache, req: Req) -> None:
+        """Hand a running request's newest checkpoint and the KV before it to the tree (SGLang's call,
+        after a prefill chunk; :meth:`commit` makes it).
+
+        The buffer strategy names the checkpoint (``checkpoint_len``): extra_buffer, the tracked state at
+        ``mamba_last_track_seqlen`` (nothing to hand over when it is ``None``), donated without a copy, a
+        fresh slot taking its place; no_buffer, the live state at ``kv_len``, copied into a fresh slot.
+        The KV ``[cache_protected_len, cache_len)`` is inserted (the request's duplicates are freed and its
+        row rewritten with the tree's indices), the lock moves to the new node and
+        ``cache_protected_len`` becomes ``cache_len``. If no slot can be had even after eviction the
+        checkpoint is skipped (``stats.checkpoints_skipped``) and the KV stays the request's.
+        Validates the request and its KV before changing anything. O(L + path * log n).
+        """
+        row = self._row(req, "cache_unfinished_req")
+        cache_len = self._checkpoint_len(req, "cache_unfinished_req")
+        protected = req.cache_protected_len
+        if cache_len is not None and cache_len > protected:
+            kv = row[:cache_len].to(torch.int64)
+            self._check_request_kv(req, kv[protected:], "cache_unfinished_req")
+            self._insert_checkpoint(req, kv, cache_len)
+        req.mamba_last_track_seqlen = None
+        req.prefix_indices = row[: req.kv_len].to(torch.int64)
+
+    def _insert_checkpoint(self: MambaRadixCache, req: Req, kv: torch.Tensor, cache_len: int) -> None:
+        new_slot = self.alloc_state_slot()
+        if new_slot is None:
+            self.stats.checkpoints_skipped += 1
+            return
+        tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot)
+        if copy:
+            assert req.mamba_pool_idx is not None
+            self.mamba_pool.copy_from([req.mamba_pool_idx], [tree_slot])
+            self.stats.state_copies += 1
+        protected = req.cache_protected_len
+        result, done = self._insert(
+            RadixKey(req.token_ids(cache_len), req.extra_key), kv, tree_slot, protected, check=False
+        )
+        if result.mamba_exists:
+            self.mamba_pool.free([tree_slot])
+        # The request's duplicates were freed by the insert: point its row at the tree's indices.
+        tree_kv = self.tree.path_values(done.node)
+        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv[protected:cache_len])  # type: ignore[arg-type]
+        old = req.last_node
+        assert old is not None
+        self.tree.inc_lock_ref(done.node)
+        self.tree.dec_lock_ref(old)
+        req.last_node = done.node
+        req.cache_protected_len = cache_len
+
+    def cache_finished_req(self: MambaRadixCache, req: Req, is_insert: bool = True) -> None:
+        """Finish a request's cache work (SGLang's call; :meth:`finish` makes it and frees the row).
+
+        Inserts the newest checkpoint (the buffer strategy's: the tracked ping-pong slot at
+        ``mamba_last_track_seqlen``, or the live slot at ``kv_len``), donated without a copy, with the KV
+        before it; no insert when ``is_insert`` is False or the lazy boundary slot was not had
+        (``req.mamba_lazy_is_insert`` False). KV past the checkpoint (``[cache_len, kv_len)``) is freed:
+        no state exists there. Every slot the request still holds is freed, its lock released and
+        ``req.last_node`` cleared. The request row stays (the engine frees it). Validates the request and
+        its KV before changing anything. O(L + path * log n).
+        """
+        row = self._row(req, "cache_finished_req")
+        protected = req.cache_protected_len
+        cache_len = protected
+        if not self.buffer.caches:
+            pass
+        elif is_insert and not req.mamba_lazy_is_insert:
+            self.stats.lazy_inserts_skipped += 1
+        elif is_insert:
+            cache_len = self._checkpoint_len(req, "cache_finished_req") or protected
+        kv = row[: req.kv_len].to(torch.int64)
+        self._check_request_kv(req, kv[protected:], "cache_finished_req")
+        keep: int | None = None
+        if cache_len > protected:
+            tree_slot = self.buffer.finished_tree_slot(req, self.req_to_token_pool)
+            result, _ = self._insert(
+                RadixKey(req.token_ids(cache_len), req.extra_key),
+                kv[:cache_len],
+                tree_slot,
+                protected,
+                check=False,
+            )
+            keep = None if result.mamba_exists else tree_slot
+        if req.kv_len > cache_len:
+            self.token_to_kv_pool_allocator.free(kv[cache_len:])
+        self.req_to_token_pool.free_mamba_cache(req, keep=keep)
+        node = req.last_node
+        assert node is not None
+        self.tree.dec_lock_ref(node)
+        req.last_node = None
+        req.mamba_last_track_seqlen = None
+
+    def running_slots(self: MambaRadixCache, reqs: Sequence[Req]) -> list[int]:
+        """Every state slot ``reqs`` hold (live and track), for ownership checks. O(len(reqs) * P)."""
+        held: list[int] = []
+        for req in reqs:
+            if req.mamba_pool_idx is not None:
+                held.append(req.mamba_pool_idx)
+            held += [s for s in (req.mamba_ping_pong_track_buffer or []) if s > 0]
+        return held
