@@ -31,10 +31,17 @@ from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.pools import HybridReqToTokenPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from mamba_radix.reference_engine.models import HybridModel
+from mamba_radix.reference_engine.models import HybridModel, SlotState
 from mamba_radix.request import Req
 
-__all__ = ["EngineStats", "ForwardRecord", "ReferenceEngine", "greedy_reference"]
+__all__ = [
+    "CheckpointAudit",
+    "EngineStats",
+    "ForwardRecord",
+    "ReferenceEngine",
+    "audit_checkpoints",
+    "greedy_reference",
+]
 
 
 @dataclass
@@ -123,7 +130,8 @@ class ReferenceEngine:
         self.stats = EngineStats()
         self.waiting: deque[_Running] = deque()
         self.running: list[_Running] = []
-        self.finished: dict[Any, list[int]] = {}
+        self.finished: dict[Any, list[int]] = {}  # rid -> output tokens
+        self.requests: dict[Any, Req] = {}  # rid -> the finished Req (prompt, outputs, final kv_len)
         self._next_rid = 0
 
     @classmethod
@@ -243,6 +251,7 @@ class ReferenceEngine:
         if finishing:
             self.cache.finish(req)
             self.finished[req.rid] = list(req.output_ids)
+            self.requests[req.rid] = req
         return finishing
 
     def _run_model(self, plan: ForwardPlan) -> torch.Tensor:
@@ -276,4 +285,44 @@ def greedy_reference(model: HybridModel, prompt: Sequence[int], max_new_tokens: 
     for _ in range(max_new_tokens):
         nxt = int(torch.argmax(model.reference_logits(tokens + out)[-1]))
         out.append(nxt)
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointAudit:
+    """One checkpoint in the tree, probed: the node's depth, its slot, and the max |logit difference|
+    between the probe token run from that checkpoint (its state and the tree's KV of the path) and a
+    from-scratch transformers forward of the path followed by the probe token."""
+
+    depth: int
+    slot: int
+    max_abs_diff: float
+
+
+@torch.no_grad()
+def audit_checkpoints(engine: ReferenceEngine, probe_token: int = 3) -> list[CheckpointAudit]:
+    """Probe every checkpoint in ``engine.cache``'s tree: is it the state the model has at its position?
+
+    For each node holding a slot, the slot's state is copied (``state_ops`` gather/scatter) into a
+    private one-slot pool and the probe token is run at position ``depth`` over the tree's KV of the path
+    (its own KV goes to the KV storage's padding row 0, which nothing reads). Read-only for the cache: no
+    match, lock, clock tick or recency change. O(checkpoints * depth) model work.
+    """
+    cache, model = engine.cache, engine.model
+    scratch = model.new_mamba_pool(1)
+    scratch_slot = int(scratch.alloc(1)[0])  # type: ignore[index]
+    view = model.pools_view(engine.kv_pool, scratch)
+    out: list[CheckpointAudit] = []
+    for node in cache.tree.nodes():
+        if node.is_root or node.mamba_slot is None:
+            continue
+        path = list(cache.tree.path_to_root(node))
+        tokens = [t for n in reversed(path) for t in n.key]
+        kv = cache.tree.path_values(node).to(torch.int64)
+        SlotState.gather(model, cache.mamba_pool, node.mamba_slot).scatter(scratch, scratch_slot)
+        got = model.forward_span(
+            view, [probe_token], node.depth, kv, torch.zeros(1, dtype=torch.int64), scratch_slot, scratch_slot
+        )
+        want = model.reference_logits([*tokens, probe_token])[-1:]
+        out.append(CheckpointAudit(node.depth, node.mamba_slot, float((got - want).abs().max())))
     return out

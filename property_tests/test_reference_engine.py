@@ -1,0 +1,337 @@
+"""Cached generation equals uncached generation on real transformers hybrid model code (issue 14).
+
+Tiny random-weight Kimi Linear (KDA + MLA) and Qwen3-Next (Gated DeltaNet + GQA) models, fp32 on the CPU,
+served by :class:`~mamba_radix.reference_engine.ReferenceEngine` through our pools and the cache's
+lifecycle API, for every buffer strategy, on a multi-turn and a branching prompt set (several requests in
+flight, chunked prefill of 16 tokens, checkpoint grid 8, decode interval 8). Three checks:
+
+1. greedy tokens with the cache equal the tokens of plain transformers forwards of the whole sequence
+   (no cache of any kind) and of the same engine with the radix cache disabled;
+2. the logits of the first forward after every restored checkpoint equal a from-scratch forward within
+   :data:`~mamba_radix.reference_engine.LOGIT_ATOL` (derivation at its definition), and every checkpoint
+   left in the tree, probed with one token, does too;
+3. planted bugs (a tracked state written one token or one grid step off, a track write skipped, a
+   copy-on-write or donation copy that writes nothing, the live state written one token off) make at
+   least one of those checks fail.
+
+The model side is checked on its own first: a span run in one piece is bit-exact with a plain forward of
+the whole sequence, token-by-token runs are bit-exact with transformers' own cache, and any split of the
+work stays within the tolerance while a state one token off moves the logits 100x further.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers",
+    minversion="5.23",
+    reason="the reference engine needs transformers>=5.23 (pip install 'mamba-radix[engine]')",
+)
+
+from mamba_radix import CacheConfig, state_ops  # noqa: E402
+from mamba_radix.pools import TokenToKVPoolAllocator  # noqa: E402
+from mamba_radix.reference_engine import LOGIT_ATOL, tiny_model  # noqa: E402
+from mamba_radix.reference_engine.engine import (  # noqa: E402
+    ReferenceEngine,
+    audit_checkpoints,
+    greedy_reference,
+)
+
+FAMILIES = ("kimi_linear", "qwen3_next")
+STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+CHUNK = 16  # chunked_prefill_size
+GRID = 8  # mamba_cache_chunk_size
+INTERVAL = 8  # mamba_track_interval
+VOCAB = 128
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """These models are tiny: thread pools only add synchronisation (100x slower on a shared 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.cache
+def model(family: str):
+    return tiny_model(family, seed=0)
+
+
+@functools.cache
+def oracle(family: str, prompt: tuple[int, ...], max_new: int) -> tuple[int, ...]:
+    return tuple(greedy_reference(model(family), prompt, max_new))
+
+
+def config(strategy: str, **overrides) -> CacheConfig:
+    return CacheConfig(
+        mamba_radix_cache_strategy=strategy,
+        chunked_prefill_size=CHUNK,
+        mamba_cache_chunk_size=GRID,
+        mamba_track_interval=INTERVAL,
+        **overrides,
+    )
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+# --------------------------------------------------------------------------------------- scenarios
+def run_multi_turn(engine: ReferenceEngine, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+    """Two conversations sharing a system prompt, three turns each, both in flight every round: turn k's
+    prompt is turn k-1's prompt + its answer + a new user message. Prompts stay <= 64 tokens."""
+    rng = random.Random(seed)
+    system = tokens(rng, 10)
+    convs = [list(system), list(system)]
+    served = []
+    for _turn in range(3):
+        rids = []
+        for c in convs:
+            c += tokens(rng, 7)
+            rids.append(engine.submit(list(c), 5))
+        engine.run()
+        for c, rid in zip(convs, rids, strict=True):
+            served.append((list(c), engine.finished[rid]))
+            c += engine.finished[rid]
+    return served
+
+
+def run_branching(engine: ReferenceEngine, seed: int = 2) -> list[tuple[list[int], list[int]]]:
+    """A 20-token stem with three branches, two of which fork again, all submitted at once (requests
+    admitted while others still prefill), then every prompt once more (full restores)."""
+    rng = random.Random(seed)
+    stem = tokens(rng, 20)
+    branches = [stem + tokens(rng, 9 + 3 * i) for i in range(3)]
+    forks = [branches[0][:25] + tokens(rng, 6), branches[1][:31] + tokens(rng, 10)]
+    prompts = branches + forks
+    served = []
+    for _wave in range(2):
+        rids = [engine.submit(p, 4) for p in prompts]
+        engine.run()
+        served += [(p, engine.finished[r]) for p, r in zip(prompts, rids, strict=True)]
+    return served
+
+
+SCENARIOS = {"multi_turn": run_multi_turn, "branching": run_branching}
+
+
+def serve(family: str, strategy: str, scenario: str, **config_overrides):
+    engine = ReferenceEngine.build(
+        model(family), config(strategy, **config_overrides), max_running_requests=3, record=True
+    )
+    served = SCENARIOS[scenario](engine)
+    return engine, served
+
+
+# ------------------------------------------------------------------------------------------ checks
+def token_mismatches(family: str, served) -> list[str]:
+    """Requests whose greedy tokens differ from plain transformers forwards of the whole sequence."""
+    bad = []
+    for prompt, out in served:
+        want = oracle(family, tuple(prompt), len(out))
+        if tuple(out) != want:
+            bad.append(f"prompt of {len(prompt)} tokens: got {out}, want {list(want)}")
+    return bad
+
+
+def restored_logit_errors(engine: ReferenceEngine) -> list[float]:
+    """Max |logit diff| vs a from-scratch forward, for the first forward after every restored checkpoint
+    (the request's first forward when admission found a hit)."""
+    errors = []
+    firsts = {}
+    for rec in engine.records:
+        firsts.setdefault(rec.rid, rec)
+    for rid, first in firsts.items():
+        if first.hit_len == 0:
+            continue
+        assert first.start == first.hit_len
+        seq = engine.requests[rid].all_token_ids
+        want = engine.model.reference_logits(seq[: first.end])[first.start :]
+        errors.append(float((first.logits - want).abs().max()))
+    return errors
+
+
+def failures(family: str, engine: ReferenceEngine, served) -> dict[str, object]:
+    """Every check's failures (empty lists when all hold) and the largest differences seen."""
+    restored = restored_logit_errors(engine)
+    audits = audit_checkpoints(engine)
+    return {
+        "tokens": token_mismatches(family, served),
+        "restored": [e for e in restored if e > LOGIT_ATOL],
+        "audit": [(a.depth, a.max_abs_diff) for a in audits if a.max_abs_diff > LOGIT_ATOL],
+        "max_restored": max(restored, default=0.0),
+        "max_audit": max((a.max_abs_diff for a in audits), default=0.0),
+        "num_restored": len(restored),
+        "num_checkpoints": len(audits),
+    }
+
+
+# ------------------------------------------------------------------------------------ model side
+@pytest.mark.parametrize("family", FAMILIES)
+def test_forward_span_matches_plain_forward(family):
+    """One piece is bit-exact with a plain forward; any split stays within LOGIT_ATOL, at KV indices
+    scattered over the storage; token-by-token is bit-exact with transformers' own cache."""
+    m = model(family)
+    rng = random.Random(5)
+    seq = tokens(rng, 48)
+    ref = m.reference_logits(seq)
+    gen = torch.Generator().manual_seed(5)
+    for split in ([48], [16, 16, 16], [8] * 6, [5, 27, 1, 1, 14], [1] * 12 + [36]):
+        kv_pool, mamba = m.new_kv_pool(128), m.new_mamba_pool(2)
+        pools = m.pools_view(kv_pool, mamba)
+        idx = TokenToKVPoolAllocator(128).alloc(48)[torch.randperm(48, generator=gen)]
+        slot = int(mamba.alloc(1)[0])
+        mamba.clear(slot)
+        out, start = [], 0
+        for n in split:
+            out.append(
+                m.forward_span(
+                    pools, seq[start : start + n], start, idx[:start], idx[start : start + n], slot, slot
+                )
+            )
+            start += n
+        got = torch.cat(out)
+        if len(split) == 1:
+            assert torch.equal(got, ref), "one piece must be bit-exact with the plain forward"
+        assert float((got - ref).abs().max()) <= LOGIT_ATOL, split
+
+    # token by token against transformers' DynamicCache: the same computation order, bit for bit
+    p = 20
+    with torch.no_grad():
+        first = m.model(input_ids=torch.tensor([seq[:p]]), use_cache=True)
+        hf_cache, hf = first.cache, [first.logits[0]]
+        for t in range(p, 32):
+            step = m.model(input_ids=torch.tensor([[seq[t]]]), cache=hf_cache, use_cache=True)
+            hf_cache = step.cache
+            hf.append(step.logits[0])
+    kv_pool, mamba = m.new_kv_pool(64), m.new_mamba_pool(1)
+    pools = m.pools_view(kv_pool, mamba)
+    idx = torch.arange(1, 33)
+    slot = int(mamba.alloc(1)[0])
+    mamba.clear(slot)
+    ours = [m.forward_span(pools, seq[:p], 0, idx[:0], idx[:p], slot, slot)]
+    for t in range(p, 32):
+        ours.append(m.forward_span(pools, seq[t : t + 1], t, idx[:t], idx[t : t + 1], slot, slot))
+    assert torch.equal(torch.cat(ours), torch.cat(hf))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_track_split_and_off_by_one_sensitivity(family):
+    """A track point inside a span (two pieces) writes the state the model has there; a state one
+    token or one grid step off moves the next logits by >= 100 x LOGIT_ATOL (so the engine checks can
+    tell), while the right one stays within it."""
+    m = model(family)
+    seq = tokens(random.Random(6), 40)
+    ref = m.reference_logits(seq)
+    kv_pool, mamba = m.new_kv_pool(128), m.new_mamba_pool(8)
+    pools = m.pools_view(kv_pool, mamba)
+    idx = torch.arange(1, 41)
+    live, track = (int(s) for s in mamba.alloc(2))
+    mamba.clear([live, track])
+    logits = m.forward_span(pools, seq[:32], 0, idx[:0], idx[:32], live, live, track_len=24, track_slot=track)
+    assert float((logits - ref[:32]).abs().max()) <= LOGIT_ATOL
+    for pos, slot in ((24, track), (32, live)):
+        probe = int(mamba.alloc(1)[0])
+        mamba.copy_from([slot], [probe])
+        got = m.forward_span(pools, seq[pos:40], pos, idx[:pos], idx[pos:40], probe, probe)
+        assert float((got - ref[pos:40]).abs().max()) <= LOGIT_ATOL
+        mamba.free([probe])
+    for wrong in (23, 25, 24 - GRID):
+        scratch = int(mamba.alloc(1)[0])
+        mamba.clear(scratch)
+        m.forward_span(pools, seq[:wrong], 0, idx[:0], torch.arange(41, 41 + wrong), scratch, scratch)
+        got = m.forward_span(pools, seq[24:40], 24, idx[:24], idx[24:40], scratch, scratch)
+        assert float((got[0] - ref[24]).abs().max()) >= 100 * LOGIT_ATOL, wrong
+        mamba.free([scratch])
+
+
+# ----------------------------------------------------------------------------------- engine: honest
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_generation_equals_uncached(family, strategy, scenario):
+    engine, served = serve(family, strategy, scenario)
+    found = failures(family, engine, served)
+    assert found["tokens"] == [], found
+    assert found["restored"] == [] and found["audit"] == [], found
+    # the checks must have had something to check
+    assert engine.stats.hit_tokens > 0 and found["num_restored"] > 0 and found["num_checkpoints"] > 0, found
+    engine.cache.check_invariants([])
+    # the same engine with the radix cache disabled gives the same tokens, computing every prompt token
+    plain = ReferenceEngine.build(
+        model(family), config("no_buffer", disable_radix_cache=True), max_running_requests=3
+    )
+    for prompt, out in served:
+        assert plain.generate(prompt, len(out)) == out
+    assert plain.stats.hit_tokens == 0
+    assert engine.stats.prefill_tokens + engine.stats.hit_tokens == engine.stats.prompt_tokens
+
+
+# ------------------------------------------------------------------------------ engine: planted bugs
+def _plant(monkeypatch, family: str, bug: str) -> dict[str, int]:
+    """Make the model side of the engine write states wrong, the way real engines have (SGLang #39342,
+    #34780, LMCache #2863, vLLM #57128). Returns a counter of forwards the bug actually changed."""
+    m = model(family)
+    original = m.forward_span
+    planted = {"forwards": 0}
+
+    def buggy(
+        pools, token_ids, start, prefix_kv, new_kv, read_slot, write_slot, track_len=None, track_slot=None
+    ):
+        end = start + len(token_ids)
+        if track_len is not None and bug in ("track_minus_1", "track_plus_1", "track_minus_grid"):
+            shifted = track_len + {"track_minus_1": -1, "track_plus_1": 1, "track_minus_grid": -GRID}[bug]
+            if start < shifted <= end:  # the checkpoint's state is written at the wrong position
+                track_len = shifted
+                planted["forwards"] += 1
+        elif track_len is not None and bug == "skip_track_write":  # the track slot keeps stale contents
+            track_len = track_slot = None
+            planted["forwards"] += 1
+        elif track_len is None and bug == "live_minus_1" and len(token_ids) > 1:
+            # prefill chunk: the live slot gets the state one token before the chunk end
+            planted["forwards"] += 1
+            return original(pools, token_ids, start, prefix_kv, new_kv, read_slot, 0, end - 1, write_slot)
+        return original(
+            pools, token_ids, start, prefix_kv, new_kv, read_slot, write_slot, track_len, track_slot
+        )
+
+    monkeypatch.setattr(m, "forward_span", buggy)
+    if (
+        bug == "copy_writes_nothing"
+    ):  # copy-on-write and no_buffer's donation copies leave the target unwritten
+        calls = planted
+
+        def no_copy(tensors, src, dst, **kwargs):
+            calls["forwards"] += 1
+
+        monkeypatch.setattr(state_ops, "copy_slots", no_copy)
+    return planted
+
+
+PLANTED = (
+    [
+        (strategy, bug)
+        for strategy in ("extra_buffer", "extra_buffer_lazy")
+        for bug in ("track_minus_1", "track_plus_1", "track_minus_grid", "skip_track_write")
+    ]
+    + [(strategy, "copy_writes_nothing") for strategy in STRATEGIES]
+    + [("no_buffer", "live_minus_1")]
+)
+
+
+@pytest.mark.parametrize(("strategy", "bug"), PLANTED)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_planted_bug_is_caught(monkeypatch, family, strategy, bug):
+    """Each planted state bug is seen by the checkpoint checks (restored logits or the tree audit)."""
+    planted = _plant(monkeypatch, family, bug)
+    engine, served = serve(family, strategy, "branching")
+    assert planted["forwards"] > 0, f"{bug} was never exercised: the scenario does not test it"
+    found = failures(family, engine, served)
+    assert found["restored"] or found["audit"], found
