@@ -335,3 +335,40 @@ def test_planted_bug_is_caught(monkeypatch, family, strategy, bug):
     assert planted["forwards"] > 0, f"{bug} was never exercised: the scenario does not test it"
     found = failures(family, engine, served)
     assert found["restored"] or found["audit"], found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_paged_kv(family):
+    """Page size 4 (paged allocator, KV storage with a padding page): same checks, extra_buffer."""
+    engine, served = serve(family, "extra_buffer", "branching", page_size=4)
+    found = failures(family, engine, served)
+    assert found["tokens"] == [] and found["restored"] == [] and found["audit"] == [], found
+    assert engine.stats.hit_tokens > 0 and found["num_restored"] > 0
+
+
+def test_misuse_raises_typed_errors():
+    """Wrong pool shapes, bad spans and bad requests raise InvalidArgument and change nothing."""
+    from mamba_radix import InvalidArgument, MambaRadixCache
+
+    m = model("qwen3_next")
+    cache = MambaRadixCache.build(config("no_buffer"), num_tokens=64, num_slots=8)  # default state shapes
+    with pytest.raises(InvalidArgument, match="state shapes"):
+        ReferenceEngine(m, cache, m.new_kv_pool(64))
+    engine = ReferenceEngine.build(m, config("no_buffer"), num_tokens=64, num_slots=8, max_context_len=64)
+    with pytest.raises(InvalidArgument, match="max_new_tokens"):
+        engine.submit([5, 6], 0)
+    with pytest.raises(InvalidArgument, match="empty"):
+        engine.submit([], 3)
+    engine.submit(list(range(3, 90)), 4)  # longer than max_context_len: can never be admitted
+    with pytest.raises(InvalidArgument, match="cannot be admitted"):
+        engine.run()
+    pools = m.pools_view(m.new_kv_pool(16), m.new_mamba_pool(1))
+    idx = torch.arange(1, 5)
+    with pytest.raises(InvalidArgument, match="prefix KV"):
+        m.forward_span(pools, [5, 6], 1, idx[:0], idx[:2], 1, 1)
+    with pytest.raises(InvalidArgument, match="track_len"):
+        m.forward_span(pools, [5, 6], 0, idx[:0], idx[:2], 1, 1, track_len=3, track_slot=1)
+    with pytest.raises(InvalidArgument, match="kimi_linear and qwen3_next"):
+        from mamba_radix.reference_engine import HybridModel
+
+        HybridModel(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)))
