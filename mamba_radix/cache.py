@@ -33,6 +33,7 @@ from mamba_radix.errors import InvalidArgument, InvalidIndex
 from mamba_radix.invariants import check_invariants
 from mamba_radix.lifecycle import RequestLifecycle
 from mamba_radix.node import TreeNode
+from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import (
     HybridReqToTokenPool,
     MambaPool,
@@ -87,6 +88,7 @@ class CacheStats:
     checkpoints_existing: int = 0  # insert found a checkpoint already there
     checkpoints_skipped: int = 0  # no slot even after eviction: the checkpoint was not taken
     checkpoints_capped: int = 0  # dropped by mamba_max_states_per_path
+    checkpoints_declined: int = 0  # a hand-over the research policy did not admit (policy.admit_checkpoint)
     lazy_inserts_skipped: int = 0  # finish without insert: the lazy boundary slot was not had
     cow_skipped: int = 0  # a hit dropped because no slot was free for its copy-on-write
     state_copies: int = 0  # slot-to-slot copies (copy-on-write, no_buffer chunk ends)
@@ -115,6 +117,8 @@ class MambaRadixCache(RequestLifecycle):
         config: CacheConfig,
         req_to_token_pool: HybridReqToTokenPool,
         token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator,
+        *,
+        policy: CachePolicy | None = None,
     ) -> None:
         if not isinstance(config, CacheConfig):
             raise InvalidArgument(f"config must be a CacheConfig, got {type(config).__name__}")
@@ -137,7 +141,10 @@ class MambaRadixCache(RequestLifecycle):
         self.mamba_pool = req_to_token_pool.mamba_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.device = token_to_kv_pool_allocator.device
-        self.tree = RadixTree(config, self.device)
+        if policy is not None and not isinstance(policy, CachePolicy):
+            raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
+        self.tree = RadixTree(config, self.device, policy)
+        self.policy = self.tree.policy
         self.buffer = buffer_strategy(config)
         self.stats = CacheStats()
         self.reserved_kv_tokens = 0
@@ -155,11 +162,13 @@ class MambaRadixCache(RequestLifecycle):
         conv_shapes: Sequence[tuple[int, ...]] = ((4, 4),),
         temporal_shape: tuple[int, ...] = (2, 4, 4),
         device: str | torch.device = "cpu",
+        policy: CachePolicy | None = None,
     ) -> MambaRadixCache:
         """A cache with freshly built pools: ``num_tokens`` KV indices (paged when
         ``config.page_size > 1``), ``num_slots`` state slots of small default shapes (large enough for
-        :mod:`mamba_radix.state_stamp`), ``max_running_requests`` request rows. For tests, benchmarks and
-        the simulator; an engine builds its pools itself."""
+        :mod:`mamba_radix.state_stamp`), ``max_running_requests`` request rows; ``policy``: a research
+        policy (:mod:`mamba_radix.policy`). For tests, benchmarks and the simulator; an engine builds its
+        pools itself."""
         mamba_pool = MambaPool(num_slots, num_layers, list(conv_shapes), temporal_shape, device=device)
         req_pool = HybridReqToTokenPool(max_running_requests, max_context_len, mamba_pool, config, device)
         allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
@@ -167,7 +176,7 @@ class MambaRadixCache(RequestLifecycle):
             allocator = TokenToKVPoolAllocator(num_tokens, device)
         else:
             allocator = PagedTokenToKVPoolAllocator(num_tokens, config.page_size, device)
-        return cls(config, req_pool, allocator)
+        return cls(config, req_pool, allocator, policy=policy)
 
     # -------------------------------------------------------------------------------------------- sizes
     def full_evictable_size(self) -> int:

@@ -42,14 +42,16 @@ update like every other order.
 only changes when a stamp, a lock or the leaf status changes. The tree calls :meth:`EvictionIndex.update`
 after each such change; membership and key are recomputed from the node in O(1) and the sets are touched
 only if they differ: O(log n) per change. Only this module writes ``full_evict_key`` / ``mamba_evict_key``.
+A research policy (:class:`mamba_radix.policy.CachePolicy`) may supply its own key functions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Protocol
 
 from sortedcontainers import SortedList
 
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FLOP_SCORE_SCALE",
+    "CandidateKeys",
     "CheckpointOrder",
     "EvictionIndex",
     "flop_score",
@@ -147,6 +150,14 @@ def mamba_evict_key(order: EvictionOrder | CheckpointOrder, node: TreeNode) -> t
     return (1, node.mamba_last_access, -node.depth, node.id)
 
 
+class CandidateKeys(Protocol):
+    """What :class:`EvictionIndex` sorts by: one key function per candidate set (keys end with the id)."""
+
+    def full_key(self, node: TreeNode) -> tuple[int, ...]: ...
+
+    def mamba_key(self, node: TreeNode) -> tuple[int, ...]: ...
+
+
 def _rekey(candidates: SortedList, old: tuple[int, ...] | None, new: tuple[int, ...] | None) -> None:
     """Replace ``old`` by ``new`` in ``candidates`` (None = absent). O(log n)."""
     if old is not None:
@@ -168,10 +179,16 @@ class EvictionIndex:
         *,
         flop_weight: float = DEFAULT_FLOP_WEIGHT,
         flop_crossover: int = DEFAULT_FLOP_CROSSOVER,
+        keys: CandidateKeys | None = None,
     ) -> None:
         if not isinstance(order, CheckpointOrder):
             order = CheckpointOrder(order, flop_weight, flop_crossover)
         self.order: CheckpointOrder = order
+        # a research policy's keys (mamba_radix.policy.CachePolicy), or the order's own
+        self._full_key: Callable[[TreeNode], tuple[int, ...]] = full_evict_key
+        self._mamba_key: Callable[[TreeNode], tuple[int, ...]] = partial(mamba_evict_key, order)
+        if keys is not None:
+            self._full_key, self._mamba_key = keys.full_key, keys.mamba_key
         self._full: SortedList = SortedList()
         self._mamba: SortedList = SortedList()
         self._nodes: dict[int, TreeNode] = {}  # id -> node, for every node in either set
@@ -179,11 +196,11 @@ class EvictionIndex:
     # ------------------------------------------------------------------------------------------ updates
     def update(self, node: TreeNode) -> None:
         """Re-derive ``node``'s membership and keys from its fields. O(log n); no-op if nothing changed."""
-        want_full = full_evict_key(node) if is_full_candidate(node) else None
+        want_full = self._full_key(node) if is_full_candidate(node) else None
         if want_full != node.full_evict_key:
             _rekey(self._full, node.full_evict_key, want_full)
             node.full_evict_key = want_full
-        want_mamba = mamba_evict_key(self.order, node) if is_mamba_candidate(node) else None
+        want_mamba = self._mamba_key(node) if is_mamba_candidate(node) else None
         if want_mamba != node.mamba_evict_key:
             _rekey(self._mamba, node.mamba_evict_key, want_mamba)
             node.mamba_evict_key = want_mamba

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mamba_radix.errors import InvariantError
-from mamba_radix.eviction import full_evict_key, is_full_candidate, is_mamba_candidate, mamba_evict_key
+from mamba_radix.eviction import is_full_candidate, is_mamba_candidate
 from mamba_radix.node import ROOT_ID, TreeNode, child_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,8 +111,8 @@ def check_tree_invariants(tree: RadixTree) -> None:
         if node.mamba_slot is not None:
             num_slots += 1
             sizes[2 if node.mamba_lock_ref == 0 else 3] += 1
-        want_full = full_evict_key(node) if is_full_candidate(node) else None
-        want_mamba = mamba_evict_key(tree.index.order, node) if is_mamba_candidate(node) else None
+        want_full = tree.policy.full_key(node) if is_full_candidate(node) else None
+        want_mamba = tree.policy.mamba_key(node) if is_mamba_candidate(node) else None
         if node.full_evict_key != want_full or node.mamba_evict_key != want_mamba:
             _fail(
                 tree,

@@ -192,6 +192,7 @@ class RequestLifecycle:
         check = self.can_admit(req, max_new_tokens)
         if not check.ok:
             return False
+        self.policy.on_admit(req)
         tokens = req.origin_input_ids
         self.match_prefix(RadixKey(tokens[:-1], req.extra_key), cow_mamba=True, req=req)
         node = req.last_node
@@ -401,6 +402,15 @@ class RequestLifecycle:
             )
         return cache_len
 
+    def _admitted(self: MambaRadixCache, req: Req, cache_len: int | None) -> int | None:
+        """``cache_len`` if the research policy keeps that hand-over (``None`` if declined, counted)."""
+        if cache_len is None or cache_len <= req.cache_protected_len:
+            return cache_len
+        if self.policy.admit_checkpoint(req, cache_len):
+            return cache_len
+        self.stats.checkpoints_declined += 1
+        return None
+
     def _check_request_kv(self: MambaRadixCache, req: Req, kv: torch.Tensor, verb: str) -> None:
         """The request's own KV ``kv`` (its row past ``cache_protected_len``) must be allocated. O(len)."""
         if kv.numel() and not bool(self.token_to_kv_pool_allocator.is_allocated(kv).all()):
@@ -424,7 +434,7 @@ class RequestLifecycle:
         Validates the request and its KV before changing anything. O(L + path * log n).
         """
         row = self._row(req, "cache_unfinished_req")
-        cache_len = self._checkpoint_len(req, "cache_unfinished_req")
+        cache_len = self._admitted(req, self._checkpoint_len(req, "cache_unfinished_req"))
         protected = req.cache_protected_len
         if cache_len is not None and cache_len > protected:
             kv = row[:cache_len].to(torch.int64)
@@ -478,7 +488,7 @@ class RequestLifecycle:
         elif is_insert and not req.mamba_lazy_is_insert:
             self.stats.lazy_inserts_skipped += 1
         elif is_insert:
-            cache_len = self._checkpoint_len(req, "cache_finished_req") or protected
+            cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
         kv = row[: req.kv_len].to(torch.int64)
         self._check_request_kv(req, kv[protected:], "cache_finished_req")
         keep: int | None = None

@@ -57,6 +57,7 @@ class TreeNode:
         "mamba_lock_ref",
         "mamba_slot",
         "parent",
+        "prefix_fp",
         "value",
     )
 
@@ -87,6 +88,8 @@ class TreeNode:
         self.mamba_last_access = 0
         self.full_evict_key: tuple[int, ...] | None = None
         self.mamba_evict_key: tuple[int, ...] | None = None
+        # fingerprint of the whole prefix ending here, kept only for a policy that asks for it
+        self.prefix_fp = 0
 
     @property
     def is_root(self) -> bool:

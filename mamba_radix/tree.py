@@ -24,6 +24,8 @@ import torch
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.eviction import CheckpointOrder, EvictionIndex
 from mamba_radix.node import ROOT_ID, TreeNode, child_key, common_prefix_len
+from mamba_radix.policy import CachePolicy
+from mamba_radix.state_stamp import fingerprint_extend
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig
@@ -104,7 +106,9 @@ class RadixTree:
     ``mamba_evictable_size`` / ``mamba_protected_size`` in checkpoints without / with a mamba lock.
     """
 
-    def __init__(self, config: CacheConfig, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, config: CacheConfig, device: str | torch.device = "cpu", policy: CachePolicy | None = None
+    ) -> None:
         self.config = config
         self.page_size = config.page_size
         self.device = torch.device(device)
@@ -112,7 +116,10 @@ class RadixTree:
         self._next_id = ROOT_ID + 1
         self.root = TreeNode(ROOT_ID, (), _empty_kv(self.device), parent=None, depth=0, extra_key=None)
         self.root.full_lock_ref = 1  # the root is always locked, never evicted
-        self.index = EvictionIndex(CheckpointOrder.from_config(config))
+        self.policy = policy if policy is not None else CachePolicy()
+        self.policy.bind(self)
+        self._prefix_fps = self.policy.needs_prefix_fingerprints
+        self.index = EvictionIndex(CheckpointOrder.from_config(config), keys=self.policy)
         self.full_evictable_size = 0
         self.full_protected_size = 0
         self.mamba_evictable_size = 0
@@ -134,6 +141,8 @@ class RadixTree:
         self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode, depth: int, extra_key: str | None
     ) -> TreeNode:
         node = TreeNode(self._next_id, key, value, parent=parent, depth=depth, extra_key=extra_key)
+        if self._prefix_fps:
+            node.prefix_fp = fingerprint_extend(parent.prefix_fp, key)
         self._next_id += 1
         self.num_nodes += 1
         return node
@@ -521,12 +530,12 @@ class RadixTree:
                 raise InvalidArgument(f"{name} must be an int >= 0, got {count!r}")
         freed = Freed()
         while freed.num_tokens < num_tokens:
-            leaf = self.index.first_full()
+            leaf = self.policy.pick_full_victim(self.index)
             if leaf is None:
                 break
             self._remove_leaf(leaf, freed)
         while freed.num_states < num_states:
-            node = self.index.first_mamba()
+            node = self.policy.pick_mamba_victim(self.index)
             if node is None:
                 break
             if node.children:

@@ -57,6 +57,7 @@ import torch
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError, MambaRadixError
 from mamba_radix.lifecycle import ForwardPlan
+from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import (
     HybridReqToTokenPool,
     MambaPool,
@@ -197,6 +198,8 @@ class _Expanded:
 
 class Engine:
     """One simulation: pools sized by ``pools``, the cache built over them, a trace replayed through it.
+    ``policy``: a research policy (:mod:`mamba_radix.policy`) for the cache; its requests' ``rid`` is the
+    trace index.
 
     Side effects: allocates the pools (the request table is ``rows x max_context_len`` int32).
     """
@@ -207,6 +210,7 @@ class Engine:
         pools: PoolSizes,
         max_context_len: int,
         options: EngineOptions | None = None,
+        policy: CachePolicy | None = None,
     ) -> None:
         from mamba_radix.cache import MambaRadixCache  # the cache lands later than the pools
 
@@ -241,7 +245,7 @@ class Engine:
         else:  # whole pages only: the capacity rounds down to a page multiple
             page = config.page_size
             self.kv_pool = PagedTokenToKVPoolAllocator(max(pools.kv_tokens // page, 1) * page, page)
-        self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool)
+        self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool, policy=policy)
         self.stamps = StampIO(self.mamba_pool)
         # state slots a fresh request takes at admission: its live slot plus its track buffer
         self.max_context_len = max_context_len
