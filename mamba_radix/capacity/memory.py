@@ -66,25 +66,33 @@ _TORCH_NAMES = {
 }
 
 
+def _bytes(num_bytes: object) -> float:
+    if isinstance(num_bytes, bool) or not isinstance(num_bytes, (int, float, Fraction)):
+        raise ConfigError(f"a byte count must be a number, got {type(num_bytes).__name__} {num_bytes!r}")
+    return float(num_bytes)
+
+
 def gib(num_bytes: int | float | Fraction) -> float:
-    return float(num_bytes) / GIB
+    return _bytes(num_bytes) / GIB
 
 
 def mib(num_bytes: int | float | Fraction) -> float:
-    return float(num_bytes) / MIB
+    return _bytes(num_bytes) / MIB
 
 
 def kib(num_bytes: int | float | Fraction) -> float:
-    return float(num_bytes) / KIB
+    return _bytes(num_bytes) / KIB
 
 
 def torch_dtype_name(dtype: str) -> str:
     """The torch name SGLang prints in its KV log (``fp8_e4m3`` -> ``torch.float8_e4m3fn``)."""
+    if not isinstance(dtype, str):
+        raise ConfigError(f"a dtype name must be a string, got {dtype!r}")
     return _TORCH_NAMES.get(dtype, dtype)
 
 
 def _dtype_size(dtype: str, table: dict[str, int], flag: str) -> int:
-    if dtype not in table:
+    if not isinstance(dtype, str) or dtype not in table:
         raise ConfigError(f"{flag} {dtype!r} is not a known dtype; use one of {', '.join(table)}")
     return table[dtype]
 
@@ -94,6 +102,9 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model: ModelSpec) -> str:
     dtype = model.model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     _dtype_size(dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
     return dtype
+
+
+MAX_PARALLEL = 1 << 16  # GPUs in one TP group: far beyond any deployment, keeps divisor lists short
 
 
 def _divisors(n: int) -> str:
@@ -117,6 +128,8 @@ class Parallelism:
         for flag, value in (("--tp-size", self.tp_size), ("--dcp-size", self.dcp_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+            if value > MAX_PARALLEL:
+                raise ConfigError(f"{flag} must be <= {MAX_PARALLEL}, got {value!r}")
         if self.tp_size % self.dcp_size != 0:
             raise ConfigError(
                 f"--dcp-size {self.dcp_size} must divide --tp-size {self.tp_size}; "
@@ -183,6 +196,15 @@ class KVTokenBytes:
         return Fraction(self.row_bytes, self.dcp_size)
 
 
+def _check_model_par(model: object, par: object) -> None:
+    if not isinstance(model, ModelSpec):
+        raise ConfigError(
+            f"model must be a ModelSpec (e.g. load_model('kimi-k3')), got {type(model).__name__}"
+        )
+    if not isinstance(par, Parallelism):
+        raise ConfigError(f"parallelism must be a Parallelism, got {type(par).__name__}")
+
+
 def kv_token_bytes(model: ModelSpec, par: Parallelism, kv_cache_dtype: str) -> KVTokenBytes:
     """KV bytes per token per GPU for ``model`` under ``par`` with ``kv_cache_dtype`` (``auto`` allowed).
 
@@ -190,6 +212,7 @@ def kv_token_bytes(model: ModelSpec, par: Parallelism, kv_cache_dtype: str) -> K
     (seed 000: 24 x 576 x 2 = 27 KiB per token in bf16, 13.5 KiB in fp8). GQA/MHA: K and V for each KV head
     the GPU holds.
     """
+    _check_model_par(model, par)
     dtype = resolve_kv_cache_dtype(kv_cache_dtype, model)
     kv_heads, _ = par.kv_heads_per_gpu(model)
     replication = par.check_dcp(model)
@@ -212,6 +235,9 @@ def kv_token_bytes(model: ModelSpec, par: Parallelism, kv_cache_dtype: str) -> K
 def kv_pool_bytes(kv: KVTokenBytes, num_tokens: int, page_size: int = 1) -> int:
     """Bytes of a token pool of ``num_tokens`` on one GPU: SGLang allocates ``num_tokens + page_size`` rows
     (the first page is the padding sink)."""
+    for name, value, low in (("num_tokens", num_tokens, 0), ("page_size", page_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     return (num_tokens + page_size) * kv.row_bytes
 
 
@@ -266,6 +292,7 @@ def state_slot_bytes(
     Mamba2: conv ``[conv_kernel - 1, H * P + 2 * G * N]``, temporal ``[H, P, N]``; a single group is
     replicated on every GPU.
     """
+    _check_model_par(model, par)
     ssm = ssm_dtype if ssm_dtype is not None else model.default_ssm_dtype
     _dtype_size(ssm, SSM_DTYPES, "--mamba-ssm-dtype")
     _dtype_size(conv_dtype, CONV_DTYPES, "--mamba-conv-dtype (SGLANG_MAMBA_CONV_DTYPE)")
@@ -352,6 +379,7 @@ def replay_ring_bytes(
     conv_dtype: str = "bfloat16",
 ) -> ReplayRingBytes:
     """Ring buffers allocated by ``--enable-linear-replayssm-spec`` (validated ring length)."""
+    _check_model_par(model, par)
     check_ring_len(cache_len, verify_tokens)
     _dtype_size(conv_dtype, CONV_DTYPES, "--mamba-conv-dtype (SGLANG_MAMBA_CONV_DTYPE)")
     mixer = model.linear

@@ -36,9 +36,17 @@ __all__ = [
 LinearKind = Literal["gdn", "kda"]
 
 
-def _positive(name: str, value: object, owner: str) -> None:
+# Upper bounds that keep byte counts and pattern expansion finite and quick; far beyond any real model.
+MAX_DIM = 1 << 24  # heads, head dims, ranks, kernel sizes
+MAX_LAYERS = 100_000
+MAX_CONTEXT_LEN = 2**31 - 1
+
+
+def _positive(name: str, value: object, owner: str, maximum: int = MAX_DIM) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{owner}: {name} must be a positive integer, got {value!r}")
+    if value > maximum:
+        raise ConfigError(f"{owner}: {name} must be <= {maximum:,}, got {value:,}")
 
 
 @dataclass(frozen=True)
@@ -169,10 +177,13 @@ def expand_layer_pattern(pattern: str) -> str:
     ``F`` is a full-attention layer, ``L`` a linear one; parts joined by ``+`` may repeat with ``*n``:
     ``"LLLF*23+F"`` is Kimi K3's 93 layers (seed 000: "93层 = 23模块x (3 linear + 1 MLA) + 最后一层 MLA").
     """
+    if not isinstance(pattern, str):
+        raise ConfigError(f"layer pattern must be a string like 'LLLF*12', got {type(pattern).__name__}")
     text = pattern.replace(" ", "").upper()
     if not text:
         raise ConfigError("layer pattern is empty; write it like 'LLLF*12' (L = linear, F = full attention)")
     layers: list[str] = []
+    total = 0
     for part in text.split("+"):
         match = _PATTERN_PART.match(part)
         if match is None:
@@ -183,6 +194,9 @@ def expand_layer_pattern(pattern: str) -> str:
         repeat = int(match.group(2) or 1)
         if repeat < 1:
             raise ConfigError(f"layer pattern part {part!r}: the repeat count must be >= 1")
+        total += len(match.group(1)) * repeat
+        if total > MAX_LAYERS:  # checked before the string is built: "LF*10**12" must not allocate
+            raise ConfigError(f"layer pattern {pattern!r} has more than {MAX_LAYERS:,} layers")
         layers.append(match.group(1) * repeat)
     return "".join(layers)
 
@@ -205,12 +219,23 @@ class ModelSpec:
     layers: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"model name must be a string, got {self.name!r}")
+        for what, value, kinds in (
+            ("full_attention", self.full_attention, (GQAAttention, MLAAttention)),
+            ("linear", self.linear, (LinearAttention, Mamba2Mixer)),
+        ):
+            if not isinstance(value, kinds):
+                raise ConfigError(f"model {self.name!r}: {what} must be one of {[k.__name__ for k in kinds]}")
+        for what, value in (("default_ssm_dtype", self.default_ssm_dtype), ("model_dtype", self.model_dtype)):
+            if not isinstance(value, str):
+                raise ConfigError(f"model {self.name!r}: {what} must be a dtype name, got {value!r}")
         object.__setattr__(self, "layers", expand_layer_pattern(self.layer_pattern))
         if self.num_full_layers == 0:
             raise ConfigError(f"model {self.name!r}: the layer pattern has no full-attention layer (F)")
         if self.num_linear_layers == 0:
             raise ConfigError(f"model {self.name!r}: the layer pattern has no linear layer (L); not a hybrid")
-        _positive("context_len", self.context_len, f"model {self.name!r}")
+        _positive("context_len", self.context_len, f"model {self.name!r}", MAX_CONTEXT_LEN)
 
     @property
     def num_layers(self) -> int:
@@ -267,12 +292,17 @@ def model_from_dict(data: dict[str, Any]) -> ModelSpec:
 
     ``full_attention.kind`` is ``mha``/``gqa`` or ``mla``; ``linear.kind`` is ``gdn``, ``kda`` or ``mamba2``.
     """
+    if not isinstance(data, dict):
+        raise ConfigError(f"model file: must hold one JSON object, got {type(data).__name__}")
     data = dict(data)
     try:
-        full = dict(data.pop("full_attention"))
-        linear = dict(data.pop("linear"))
+        full, linear = data.pop("full_attention"), data.pop("linear")
     except KeyError as exc:
         raise ConfigError(f"model file: missing section {exc.args[0]!r}") from None
+    for what, section in (("full_attention", full), ("linear", linear)):
+        if not isinstance(section, dict):
+            raise ConfigError(f"model file: {what} must be an object of fields, got {type(section).__name__}")
+    full, linear = dict(full), dict(linear)
     full_kind = str(full.pop("kind", "gqa")).lower()
     if full_kind in ("mha", "gqa"):
         full_spec = _build(GQAAttention, full, "full_attention")
@@ -285,6 +315,8 @@ def model_from_dict(data: dict[str, Any]) -> ModelSpec:
         linear_spec = _build(Mamba2Mixer, linear, "linear")
     elif linear_kind in ("gdn", "kda"):
         if linear_kind == "kda" and "num_heads" in linear:
+            if "head_dim" not in linear:
+                raise ConfigError("model file: linear (kda) with num_heads needs head_dim too")
             heads, dim = linear.pop("num_heads"), linear.pop("head_dim")
             linear.update(num_k_heads=heads, num_v_heads=heads, head_k_dim=dim, head_v_dim=dim)
         linear_spec = _build(LinearAttention, {"kind": linear_kind, **linear}, "linear")
@@ -295,15 +327,27 @@ def model_from_dict(data: dict[str, Any]) -> ModelSpec:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset by name (``kimi-k3``, ``qwen3-next-80b-a3b``) or a model described in a JSON file."""
+    if not isinstance(name_or_path, str):
+        raise ConfigError(f"--model must be a preset name or a .json path, got {type(name_or_path).__name__}")
     key = name_or_path.lower()
     if key in PRESETS:
         return PRESETS[key]
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--model {name_or_path}: not valid JSON ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"--model {name_or_path}: not UTF-8 text (byte {exc.start}); not a model file"
+            ) from None
+        except RecursionError:
+            raise ConfigError(f"--model {name_or_path}: JSON nested too deeply; not a model file") from None
+        except ValueError as exc:  # an integer literal past the digit limit
+            raise ConfigError(f"--model {name_or_path}: not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise ConfigError(f"--model {name_or_path}: cannot read ({exc.strerror or exc})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"--model {name_or_path}: the file must hold one JSON object")
         data.setdefault("name", path.stem)

@@ -31,7 +31,7 @@ from typing import Any
 from mamba_radix.capacity.memory import GIB, Parallelism, kv_token_bytes
 from mamba_radix.capacity.sizing import PoolResolution, SizingInputs, resolve_pools
 from mamba_radix.config import CacheConfig
-from mamba_radix.errors import ConfigError, TraceFormatError
+from mamba_radix.errors import ConfigError, TraceFileError, TraceFormatError
 from mamba_radix.jsonl import iter_json_objects
 
 __all__ = [
@@ -53,6 +53,29 @@ __all__ = [
 ]
 
 RANGE_POINTS = 65  # grid points per length for bench's random range (exact for fixed lengths)
+# The longest request the planner takes, input + output tokens: SGLang's req_to_token table holds int32
+# KV indices, so a sequence of 2**31 tokens or more cannot be served (and planning one would only loop).
+MAX_REQUEST_TOKENS = 2**31 - 1
+MAX_CONCURRENCY = 2**31 - 1
+
+
+def _check_int(flag: str, value: object, minimum: int, maximum: int) -> int:
+    """``value`` as an int in ``[minimum, maximum]``, or :class:`ConfigError` naming ``flag``. O(1)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag} must be an integer, got {type(value).__name__} {value!r}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{flag} must be in {minimum}..{maximum:,}, got {value:,}")
+    return value
+
+
+def _check_config(config: object) -> CacheConfig:
+    if not isinstance(config, CacheConfig):
+        raise ConfigError(f"config must be a CacheConfig, got {type(config).__name__}")
+    return config
+
+
+def _check_concurrency(concurrency: object) -> int:
+    return _check_int("--concurrency", concurrency, 1, MAX_CONCURRENCY)
 
 
 @dataclass(frozen=True)
@@ -63,9 +86,19 @@ class RequestShape:
     output_len: int
 
     def __post_init__(self) -> None:
+        for flag, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(
+                    f"{flag} must be an integer number of tokens, got {type(value).__name__} {value!r}"
+                )
         if self.input_len < 1 or self.output_len < 0:
             raise ConfigError(
                 f"a request needs --input-len >= 1 and --output-len >= 0, got {self.input_len} / {self.output_len}"
+            )
+        if self.input_len + self.output_len > MAX_REQUEST_TOKENS:
+            raise ConfigError(
+                f"--input-len + --output-len is {self.input_len + self.output_len:,} tokens, above the "
+                f"{MAX_REQUEST_TOKENS:,} a request can have (SGLang indexes KV with int32)"
             )
 
     @property
@@ -88,21 +121,30 @@ class Workload:
     source: str
 
     def __post_init__(self) -> None:
-        if not self.requests:
-            raise ConfigError(f"workload {self.source!r} has no request")
+        if not isinstance(self.requests, tuple) or not self.requests:
+            raise ConfigError(f"workload {self.source!r} has no request (requests must be a non-empty tuple)")
+        bad = next((r for r in self.requests if not isinstance(r, RequestShape)), None)
+        if bad is not None:
+            raise ConfigError(f"workload {self.source!r}: requests must be RequestShape objects, got {bad!r}")
 
     @classmethod
     def fixed(cls, input_len: int, output_len: int) -> Workload:
         return cls((RequestShape(input_len, output_len),), f"in {input_len} / out {output_len}")
 
     @classmethod
-    def random_range(cls, input_len: int, output_len: int, range_ratio: float) -> Workload:
+    def random_range(cls, input_len: int, output_len: int, range_ratio: float | None) -> Workload:
         """SGLang bench's random dataset: lengths uniform in ``[max(1, len * ratio), len]``, independently.
 
-        Taken as an even grid of :data:`RANGE_POINTS` points per length (deterministic; ratio 1 = fixed).
+        Taken as an even grid of :data:`RANGE_POINTS` points per length (deterministic; ratio 1 = fixed;
+        ``None``, a ratio not given, means 1). Raises :class:`ConfigError` for a ratio outside [0, 1] or
+        lengths :class:`RequestShape` refuses.
         """
-        if not 0 <= range_ratio <= 1:
+        if range_ratio is None:  # the flag not given: fixed lengths, as bench's default ratio 1
+            range_ratio = 1.0
+        ok = isinstance(range_ratio, (int, float)) and not isinstance(range_ratio, bool)
+        if not ok or not 0 <= range_ratio <= 1:
             raise ConfigError(f"--random-range-ratio must be in [0, 1], got {range_ratio!r}")
+        RequestShape(input_len, output_len)  # the largest shape: types and bounds
         if range_ratio == 1:
             return cls.fixed(input_len, output_len)
 
@@ -120,14 +162,24 @@ class Workload:
         Mooncake block format ``{"timestamp", "input_length", "output_length", "hash_ids"}`` (only the two
         lengths are read), or the token format ``{"input_ids", "output_ids"}`` (their lengths).
         """
+        if not isinstance(path, (str, Path)):
+            raise ConfigError(f"--trace must be a file path, got {type(path).__name__}")
         path = Path(path)
         shapes: list[RequestShape] = []
         try:
             for number, row in iter_json_objects(path):
-                lengths = (_trace_len(row, key, str(path), number) for key in ("input", "output"))
+                lengths = tuple(_trace_len(row, key, str(path), number) for key in ("input", "output"))
+                if sum(lengths) > MAX_REQUEST_TOKENS:
+                    raise TraceFormatError(
+                        str(path),
+                        number,
+                        "input_length",
+                        f"input + output is {sum(lengths):,} tokens, above "
+                        f"the {MAX_REQUEST_TOKENS:,} a request can have",
+                    )
                 shapes.append(RequestShape(*lengths))
-        except OSError as exc:
-            raise ConfigError(f"--trace {path}: cannot read ({exc.strerror})") from None
+        except TraceFileError as exc:
+            raise ConfigError(f"--trace {path}: cannot read ({exc.reason})") from None
         if not shapes:
             raise ConfigError(f"--trace {path}: the file holds no request")
         return cls(tuple(shapes), str(path))
@@ -160,6 +212,13 @@ def _trace_len(row: dict[str, Any], which: str, path: str, line: int) -> int:
             )
         if which == "input" and value < 1:
             raise TraceFormatError(path, line, length_key, "a request needs at least one input token")
+        if value > MAX_REQUEST_TOKENS:
+            raise TraceFormatError(
+                path,
+                line,
+                length_key,
+                f"{value:,} tokens is above the {MAX_REQUEST_TOKENS:,} a request can have",
+            )
         return value
     if ids_key in row and isinstance(row[ids_key], list):
         if which == "input" and not row[ids_key]:
@@ -178,8 +237,8 @@ def prefill_checkpoint_positions(config: CacheConfig, input_len: int, cached_len
     none for a chunk shorter than the grid (reference §7.1). ``no_buffer``: the live state is copied at
     every chunk end. Seed 000: "输入13600, chunked prefill=6144, 总共进行3次prefill计算, 存3个state".
     """
-    if not 0 <= cached_len < input_len:
-        raise ConfigError(f"cached prefix {cached_len} must be in [0, input_len={input_len})")
+    _check_config(config)
+    _check_lengths(input_len, 0, cached_len)
     chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else input_len - cached_len
     grid = config.mamba_checkpoint_grid
     positions: list[int] = []
@@ -193,6 +252,35 @@ def prefill_checkpoint_positions(config: CacheConfig, input_len: int, cached_len
     return positions
 
 
+def _check_lengths(input_len: object, output_len: object, cached_len: object = 0) -> None:
+    RequestShape(input_len, output_len)  # type: ignore[arg-type]  # types and MAX_REQUEST_TOKENS
+    if isinstance(cached_len, bool) or not isinstance(cached_len, int):
+        raise ConfigError(f"cached prefix must be an integer, got {type(cached_len).__name__} {cached_len!r}")
+    if not 0 <= cached_len < input_len:  # type: ignore[operator]
+        raise ConfigError(f"cached prefix {cached_len} must be in [0, input_len={input_len})")
+
+
+def _count_prefill_checkpoints(config: CacheConfig, input_len: int, cached_len: int) -> int:
+    """``len(prefill_checkpoint_positions(...))`` in O(1): full chunks, then the last partial one."""
+    todo = input_len - cached_len
+    chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else todo
+    full, tail = divmod(todo, chunk)
+    if not config.uses_extra_buffer:
+        return full + (tail > 0)
+    grid = config.mamba_checkpoint_grid
+    return full * (chunk >= grid) + (tail >= grid)
+
+
+def _count_decode_checkpoints(config: CacheConfig, input_len: int, output_len: int) -> int:
+    """``len(decode_checkpoint_positions(...))`` in O(1)."""
+    last = input_len + output_len - 1
+    if config.uses_extra_buffer:
+        interval = config.mamba_track_interval
+        first = (input_len // interval + 1) * interval
+        return 0 if last < first else (last - first) // interval + 1
+    return 1 if last > input_len else 0
+
+
 def decode_checkpoint_positions(config: CacheConfig, input_len: int, output_len: int) -> list[int]:
     """Sequence lengths at which decode tracks a state (inserted: only the newest, at finish, unless
     ``mamba_decode_insert``; see :func:`expected_checkpoints`).
@@ -202,6 +290,8 @@ def decode_checkpoint_positions(config: CacheConfig, input_len: int, output_len:
     "prompt 长度为1000、interval 为256, decode checkpoint 会在总长度 1024、1280、1536……". ``no_buffer``:
     the live state is donated once at finish, at the whole sequence.
     """
+    _check_config(config)
+    _check_lengths(input_len, output_len)
     if config.uses_extra_buffer:
         interval = config.mamba_track_interval
         last = input_len + output_len - 1
@@ -238,11 +328,14 @@ class CheckpointCount:
 def expected_checkpoints(
     config: CacheConfig, input_len: int, output_len: int, cached_len: int = 0
 ) -> CheckpointCount:
-    """Checkpoints of one request of ``input_len`` / ``output_len`` tokens (see :class:`CheckpointCount`)."""
+    """Checkpoints of one request of ``input_len`` / ``output_len`` tokens (see :class:`CheckpointCount`).
+    O(1): the positions are counted, not listed."""
+    _check_config(config)
+    _check_lengths(input_len, output_len, cached_len)
     if config.disable_radix_cache:
         return CheckpointCount(0, 0, 0, 0, 0)
-    prefill = len(prefill_checkpoint_positions(config, input_len, cached_len))
-    decode = len(decode_checkpoint_positions(config, input_len, output_len))
+    prefill = _count_prefill_checkpoints(config, input_len, cached_len)
+    decode = _count_decode_checkpoints(config, input_len, output_len)
     # SGLang only tracks decode states and inserts the newest one at finish; mamba_decode_insert inserts
     # every one at its boundary
     inserted = decode if config.mamba_decode_insert else min(decode, 1)
@@ -288,7 +381,13 @@ def expected_workload_checkpoints(
     checkpoint skipped or evicted): ``taken_total`` should equal the checkpoints it inserted. ``cached_lens`` gives each request's reused prefix (the simulator's per-request hit length);
     omitted, every request starts cold.
     """
-    requests = workload.requests if isinstance(workload, Workload) else tuple(workload)
+    _check_config(config)
+    if isinstance(workload, Workload):
+        requests = workload.requests
+    elif isinstance(workload, Iterable):
+        requests = Workload(tuple(workload), "requests").requests
+    else:
+        raise ConfigError(f"workload must be a Workload or RequestShapes, got {type(workload).__name__}")
     cached = list(cached_lens) if cached_lens is not None else [0] * len(requests)
     if len(cached) != len(requests):
         raise ConfigError(f"{len(cached)} cached lengths for {len(requests)} requests")
@@ -373,6 +472,9 @@ class Balance:
 def balance(resolution: PoolResolution, workload: Workload, concurrency: int | None = None) -> Balance:
     """The balanced split for ``workload`` at ``concurrency`` (default: the most the budget holds with
     the admission demand in the pools' memory, else the resolved ``max_running_requests``)."""
+    _check_plan_args(resolution, workload)
+    if concurrency is not None:
+        _check_concurrency(concurrency)
     cache = resolution.inputs.cache
     counts = expected_workload_checkpoints(cache, workload)
     tokens = workload.mean_peak_kv_len
@@ -394,6 +496,15 @@ def balance(resolution: PoolResolution, workload: Workload, concurrency: int | N
         slots_per_request=cache.slots_per_request,
         kept_checkpoints_per_request=counts.mean_kept,
     )
+
+
+def _check_plan_args(resolution: object, workload: object) -> None:
+    if not isinstance(resolution, PoolResolution):
+        raise ConfigError(
+            f"resolution must be a PoolResolution (from resolve_pools), got {type(resolution).__name__}"
+        )
+    if not isinstance(workload, Workload):
+        raise ConfigError(f"workload must be a Workload, got {type(workload).__name__}")
 
 
 def max_balanced_concurrency(
@@ -425,6 +536,8 @@ def compare_dcp(resolution: PoolResolution, workload: Workload, concurrency: int
     State bytes per GPU do not change with DCP (TP already splits the linear heads); KV bytes per token per
     GPU fall by ``dcp_size``, so the balanced ratio grows by that factor and more requests fit.
     """
+    _check_plan_args(resolution, workload)
+    _check_concurrency(concurrency)
     inputs = resolution.inputs
     tp = inputs.parallelism.tp_size
     replication = Parallelism(tp, 1).check_dcp(inputs.model)
@@ -478,6 +591,10 @@ class Plan:
 
 def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: int | None = None) -> Plan:
     """Resolve the pools and, with a workload, recommend a split (module docstring)."""
+    if workload is not None and not isinstance(workload, Workload):
+        raise ConfigError(f"workload must be a Workload, got {type(workload).__name__}")
+    if concurrency is not None:
+        _check_concurrency(concurrency)
     resolution = resolve_pools(inputs)
     cache = inputs.cache
     state_usage = resolution.max_running_requests * decode_slots_in_use(cache) / resolution.num_slots

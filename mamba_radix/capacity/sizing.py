@@ -19,6 +19,7 @@ those of the allocated pools, as SGLang's logs print them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,6 +50,23 @@ __all__ = [
 Binding = Literal["mamba state cache", "full KV tokens", "--max-running-requests", "context-length estimate"]
 
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+# Bounds that keep every derived number finite and every loop short; far beyond any real GPU or setting.
+MAX_BUDGET_GIB = 1 << 20  # 1 PiB of pool memory on one GPU
+MAX_MEMORY_RATIO = 1e6
+MAX_COUNT = 2**62  # slots, tokens, requests, context length
+
+
+def _real(flag: str, value: object, *, low: float, high: float, low_inclusive: bool = False) -> float:
+    """``value`` as a finite float in the range, or :class:`ConfigError` naming ``flag``. O(1)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        raise ConfigError(f"{flag} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)  # type: ignore[arg-type]
+    above_low = v >= low if low_inclusive else v > low
+    if not (above_low and v <= high):  # also refuses NaN
+        sign = ">=" if low_inclusive else ">"
+        raise ConfigError(f"{flag} must be {sign} {low:g} and <= {high:g}, got {value!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -62,8 +80,10 @@ class MemoryBudget:
     rest_gib: float
 
     def __post_init__(self) -> None:
-        if not self.rest_gib > 0:
+        ok = isinstance(self.rest_gib, (int, float)) and not isinstance(self.rest_gib, bool)
+        if not ok or not self.rest_gib > 0:
             raise ConfigError(f"--memory-budget-gb must be > 0 GiB, got {self.rest_gib!r}")
+        _real("--memory-budget-gb", self.rest_gib, low=0, high=MAX_BUDGET_GIB)
 
     @property
     def rest_bytes(self) -> int:
@@ -71,6 +91,15 @@ class MemoryBudget:
 
     @classmethod
     def from_gpu(cls, gpu_memory_gib: float, mem_fraction_static: float, weights_gib: float) -> MemoryBudget:
+        for flag, value in (
+            ("--gpu-memory-gb", gpu_memory_gib),
+            ("--mem-fraction-static", mem_fraction_static),
+            ("--weights-gb", weights_gib),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{flag} must be a finite number, got {value!r}")
+        if gpu_memory_gib > MAX_BUDGET_GIB:
+            raise ConfigError(f"--gpu-memory-gb must be <= {MAX_BUDGET_GIB}, got {gpu_memory_gib!r}")
         if not 0 < mem_fraction_static <= 1:
             raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {mem_fraction_static!r}")
         if gpu_memory_gib <= 0 or weights_gib < 0:
@@ -106,10 +135,35 @@ class SizingInputs:
     context_len: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.mamba_full_memory_ratio > 0:
+        for what, value, kind in (
+            ("model", self.model, ModelSpec),
+            ("parallelism", self.parallelism, Parallelism),
+            ("cache", self.cache, CacheConfig),
+        ):
+            if not isinstance(value, kind):
+                raise ConfigError(f"{what} must be a {kind.__name__}, got {type(value).__name__}")
+        if self.budget is not None and not isinstance(self.budget, MemoryBudget):
+            raise ConfigError(f"budget must be a MemoryBudget or None, got {type(self.budget).__name__}")
+        for flag, value in (
+            ("--kv-cache-dtype", self.kv_cache_dtype),
+            ("--mamba-conv-dtype", self.mamba_conv_dtype),
+        ):
+            if not isinstance(value, str):
+                raise ConfigError(f"{flag} must be a dtype name, got {value!r}")
+        if self.mamba_ssm_dtype is not None and not isinstance(self.mamba_ssm_dtype, str):
+            raise ConfigError(
+                f"--mamba-ssm-dtype must be a dtype name or unset, got {self.mamba_ssm_dtype!r}"
+            )
+        if not isinstance(self.enable_linear_replayssm_spec, bool):
+            raise ConfigError(
+                f"--enable-linear-replayssm-spec must be True or False, got {self.enable_linear_replayssm_spec!r}"
+            )
+        ratio = self.mamba_full_memory_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
             raise ConfigError(
                 f"--mamba-full-memory-ratio must be > 0 (state : full KV bytes), got {self.mamba_full_memory_ratio!r}"
             )
+        _real("--mamba-full-memory-ratio", ratio, low=0, high=MAX_MEMORY_RATIO)
         for flag, value in (
             ("--max-mamba-cache-size", self.max_mamba_cache_size),
             ("--max-total-tokens", self.max_total_tokens),
@@ -118,6 +172,14 @@ class SizingInputs:
         ):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+            if value is not None and value > MAX_COUNT:
+                raise ConfigError(f"{flag} must be <= 2**62, got {value!r}")
+        if isinstance(self.linear_replayssm_cache_len, bool) or not isinstance(
+            self.linear_replayssm_cache_len, int
+        ):
+            raise ConfigError(
+                f"--linear-replayssm-cache-len must be a positive integer, got {self.linear_replayssm_cache_len!r}"
+            )
         if self.budget is None and self.max_mamba_cache_size is None:
             raise ConfigError(
                 "nothing to size from: give a memory budget (--memory-budget-gb, or --gpu-memory-gb with "
@@ -219,6 +281,8 @@ def capped_message(max_running_requests: int, num_slots: int, slots_per_request:
 
 def resolve_pools(inputs: SizingInputs) -> PoolResolution:
     """Resolve slots, tokens and ``max_running_requests`` for one GPU as SGLang does (module docstring)."""
+    if not isinstance(inputs, SizingInputs):
+        raise ConfigError(f"resolve_pools takes SizingInputs, got {type(inputs).__name__}")
     model, par, cache = inputs.model, inputs.parallelism, inputs.cache
     state = state_slot_bytes(model, par, inputs.mamba_ssm_dtype, inputs.mamba_conv_dtype)
     kv = kv_token_bytes(model, par, inputs.kv_cache_dtype)
