@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,7 +76,6 @@ class _Running:
     req: Req
     max_new_tokens: int
     hit_len: int = 0
-    logits: list[torch.Tensor] = field(default_factory=list)
 
 
 class ReferenceEngine:
@@ -111,10 +110,12 @@ class ReferenceEngine:
                 "the cache's MambaPool does not have this model's state shapes; build it with "
                 "model.new_mamba_pool(num_slots) (or use ReferenceEngine.build)"
             )
-        if kv_pool.size != cache.token_to_kv_pool_allocator.size:
+        num_kv = cache.token_to_kv_pool_allocator.size
+        if kv_pool.size != num_kv or kv_pool.page_size != cache.config.page_size:
             raise InvalidArgument(
-                f"the KV storage has {kv_pool.size} rows but the allocator hands out {cache.token_to_kv_pool_allocator.size} "
-                "indices; build it with model.new_kv_pool(allocator.size, page_size)"
+                f"the KV storage holds {kv_pool.size} indices in pages of {kv_pool.page_size} but the "
+                f"allocator hands out {num_kv} in pages of {cache.config.page_size}; build it with "
+                "model.new_kv_pool(allocator.size, config.page_size)"
             )
         chunk = cache.config.chunked_prefill_size if chunked_prefill_size is None else chunked_prefill_size
         if chunk == 0 or chunk < -1:

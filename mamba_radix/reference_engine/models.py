@@ -93,6 +93,12 @@ class HybridModel:
                 f"HybridModel needs attn_implementation='eager' (got {config._attn_implementation!r}): "
                 "its attention mask is an additive float mask"
             )
+        dtypes = {p.dtype for p in model.parameters()}
+        if dtypes != {torch.float32}:
+            raise InvalidArgument(
+                "HybridModel runs fp32 (LOGIT_ATOL is derived for it); got parameters in "
+                f"{sorted(map(str, dtypes))}: call model.float() first"
+            )
         self.model = model.eval()
         self.config = config
         self.family: str = config.model_type
@@ -344,6 +350,11 @@ class PoolBackedCache:
         self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
     ) -> torch.Tensor:
         target = self._state.temporal[self._j(layer_idx)]
+        if recurrent_states.shape != target.shape:  # copy_ would broadcast a wrong shape silently
+            raise InvalidArgument(
+                f"layer {layer_idx} returned a recurrent state of shape {tuple(recurrent_states.shape)}; "
+                f"the MambaPool slot holds {tuple(target.shape)} (check the model config's linear heads)"
+            )
         target.copy_(recurrent_states)
         return target
 
@@ -358,10 +369,6 @@ class PoolBackedCache:
 
 
 # --------------------------------------------------------------------------------------------- configs
-def _finish(model: Any, seed: int) -> HybridModel:
-    return HybridModel(model.float().eval())
-
-
 def tiny_kimi_linear(seed: int = 0, vocab_size: int = 128) -> HybridModel:
     """Kimi Linear, 4 layers (3 KDA + 1 MLA), hidden 64, dense MLPs (no MoE routing: a routing tie flipped
     by rounding would break the tolerance argument), random weights from ``torch.manual_seed(seed)``."""
@@ -390,7 +397,7 @@ def tiny_kimi_linear(seed: int = 0, vocab_size: int = 128) -> HybridModel:
         attn_implementation="eager",
     )
     torch.manual_seed(seed)
-    return _finish(transformers.KimiLinearForCausalLM(config), seed)
+    return HybridModel(transformers.KimiLinearForCausalLM(config).float())
 
 
 def tiny_qwen3_next(seed: int = 0, vocab_size: int = 128) -> HybridModel:
@@ -419,7 +426,7 @@ def tiny_qwen3_next(seed: int = 0, vocab_size: int = 128) -> HybridModel:
         attn_implementation="eager",
     )
     torch.manual_seed(seed)
-    return _finish(transformers.Qwen3NextForCausalLM(config), seed)
+    return HybridModel(transformers.Qwen3NextForCausalLM(config).float())
 
 
 def tiny_model(family: str, seed: int = 0) -> HybridModel:
