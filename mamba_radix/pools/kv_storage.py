@@ -18,7 +18,14 @@ from typing import NamedTuple
 import torch
 
 from mamba_radix.errors import InvalidArgument
-from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_size, resolve_device
+from mamba_radix.pools._indices import (
+    IndexLike,
+    allocate_tensor,
+    as_index_tensor,
+    check_fits,
+    check_size,
+    resolve_device,
+)
 from mamba_radix.pools.mamba_pool import MambaPool
 
 __all__ = ["HybridLinearKVPool", "LinearLayerCache", "MHATokenToKVPool", "MLATokenToKVPool"]
@@ -93,8 +100,19 @@ class MHATokenToKVPool(_TokenKVStorage):
         self.head_num = check_size(head_num, "head_num")
         self.head_dim = check_size(head_dim, "head_dim")
         shape = (self.num_rows, head_num, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layer_num)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layer_num)]
+        check_fits(
+            self.device,
+            2 * layer_num * self.num_rows * head_num * head_dim * _element_size(dtype),
+            "the KV buffers",
+        )
+        self.k_buffer = [
+            allocate_tensor("the key buffer", torch.zeros, shape, dtype=dtype, device=self.device)
+            for _ in range(layer_num)
+        ]
+        self.v_buffer = [
+            allocate_tensor("the value buffer", torch.zeros, shape, dtype=dtype, device=self.device)
+            for _ in range(layer_num)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
@@ -148,7 +166,15 @@ class MLATokenToKVPool(_TokenKVStorage):
         self.qk_rope_head_dim = check_size(qk_rope_head_dim, "qk_rope_head_dim")
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         shape = (self.num_rows, 1, self.kv_cache_dim)
-        self.kv_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layer_num)]
+        check_fits(
+            self.device,
+            layer_num * self.num_rows * self.kv_cache_dim * _element_size(dtype),
+            "the KV buffers",
+        )
+        self.kv_buffer = [
+            allocate_tensor("the latent KV buffer", torch.zeros, shape, dtype=dtype, device=self.device)
+            for _ in range(layer_num)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
@@ -209,7 +235,25 @@ class HybridLinearKVPool:
         mamba_pool: MambaPool,
         linear_layer_ids: Sequence[int],
     ) -> None:
-        full_ids, linear_ids = list(full_attention_layer_ids), list(linear_layer_ids)
+        if not isinstance(full_kv_pool, (MHATokenToKVPool, MLATokenToKVPool)):
+            raise InvalidArgument(
+                f"full_kv_pool must be an MHA/MLA token pool, got {type(full_kv_pool).__name__}"
+            )
+        if not isinstance(mamba_pool, MambaPool):
+            raise InvalidArgument(f"mamba_pool must be a MambaPool, got {type(mamba_pool).__name__}")
+        ids = []
+        for what, given in (
+            ("full_attention_layer_ids", full_attention_layer_ids),
+            ("linear_layer_ids", linear_layer_ids),
+        ):
+            if not isinstance(given, (list, tuple, range)) or any(
+                isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in given
+            ):
+                raise InvalidArgument(
+                    f"{what} must be a list of non-negative int layer ids, got {given!r:.80}"
+                )
+            ids.append(list(given))
+        full_ids, linear_ids = ids
         if len(full_ids) != full_kv_pool.layer_num:
             raise InvalidArgument(
                 f"{len(full_ids)} full-attention layer ids for a KV pool of {full_kv_pool.layer_num} layers"
@@ -243,6 +287,8 @@ class HybridLinearKVPool:
         return self.full_kv_pool.get_kv_size_bytes()
 
     def _full_layer(self, layer_id: int) -> int:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise InvalidArgument(f"layer_id must be an int, got {type(layer_id).__name__} {layer_id!r}")
         if layer_id in self.full_attention_layer_id_mapping:
             return self.full_attention_layer_id_mapping[layer_id]
         if layer_id in self.linear_layer_id_mapping:
@@ -269,6 +315,8 @@ class HybridLinearKVPool:
 
     def mamba2_layer_cache(self, layer_id: int) -> LinearLayerCache:
         """The state tensors of linear layer ``layer_id`` (views, indexed by state slot)."""
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise InvalidArgument(f"layer_id must be an int, got {type(layer_id).__name__} {layer_id!r}")
         if layer_id not in self.linear_layer_id_mapping:
             kind = "a full-attention layer" if layer_id in self.full_attention_layer_id_mapping else "unknown"
             raise InvalidArgument(f"layer {layer_id!r} is {kind}, not a linear layer; use get_kv_buffer")
