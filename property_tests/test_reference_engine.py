@@ -14,6 +14,9 @@ flight, chunked prefill of 16 tokens, checkpoint grid 8, decode interval 8). Thr
    copy-on-write or donation copy that writes nothing, the live state written one token off) make at
    least one of those checks fail.
 
+The same checks also run under eviction pressure (KV and checkpoints evicted while requests are in
+flight) and with paged KV (page size 4).
+
 The model side is checked on its own first: a span run in one piece is bit-exact with a plain forward of
 the whole sequence, token-by-token runs are bit-exact with transformers' own cache, and any split of the
 work stays within the tolerance while a state one token off moves the logits 100x further.
@@ -335,6 +338,22 @@ def test_planted_bug_is_caught(monkeypatch, family, strategy, bug):
     assert planted["forwards"] > 0, f"{bug} was never exercised: the scenario does not test it"
     found = failures(family, engine, served)
     assert found["restored"] or found["audit"], found
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_under_eviction_pressure(family, strategy):
+    """128 KV tokens and 12 state slots for both prompt sets on one engine: the cache evicts KV and
+    checkpoints while requests are in flight, and every check still holds."""
+    engine = ReferenceEngine.build(
+        model(family), config(strategy), num_tokens=128, num_slots=12, max_running_requests=3, record=True
+    )
+    served = run_branching(engine) + run_multi_turn(engine)
+    found = failures(family, engine, served)
+    assert found["tokens"] == [] and found["restored"] == [] and found["audit"] == [], found
+    stats = engine.cache.stats
+    assert stats.tokens_evicted > 0 and stats.states_evicted > 0 and found["num_restored"] > 0, stats
+    engine.cache.check_invariants([])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
