@@ -10,7 +10,7 @@ setup:
 # Writes a new folder under experiments/results/ (git-ignored); the committed reference results are in
 # experiments/reference/default/, and the report compares its numbers with them.
 experiment: setup
-	$(PY) -m mamba_radix.cli experiment --out experiments/results/default-$$(date -u +%Y%m%dT%H%M%SZ)
+	$(PY) -m mamba_radix.cli experiment --results-dir experiments/results
 
 test: setup
 	$(PY) -m pytest -q

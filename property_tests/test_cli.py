@@ -297,3 +297,186 @@ def test_a_switch_changes_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (off["disable_overlap_schedule"], off["strategy"]) == (False, "extra_buffer")
     assert main([*base, "--skip-decode-lock", "maybe"]) == 2
     _one_line_error(capsys, "--skip-decode-lock", "true or false")
+
+
+# ------------------------------------------------------------------------------- version, help, flags
+def test_version_is_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    import mamba_radix
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"mamba-radix {mamba_radix.__version__}"
+    assert mamba_radix.__version__ == version("mamba-radix")
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep", "experiment", "plan"])
+def test_help_has_examples_and_one_default_per_flag(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "examples: mamba-radix " + command in text
+    for flag in ("--memory-budget-gb", "--mamba-full-memory-ratio", "--mamba-track-interval"):
+        if command == "experiment":
+            break
+        start = text.index(flag + " ", text.index("options:") if "options:" in text else 0)
+        entry = text[start : text.index(" --", start + len(flag))]
+        assert entry.count("(default") == 1, entry
+
+
+def test_bad_values_name_the_flag_not_a_python_function(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--limit", "ten"]) == 2
+    err = capsys.readouterr().err
+    assert "--limit" in err and "_positive_int" not in err and "must be an integer from 1" in err
+
+
+def test_library_argument_names_are_mapped_to_flags() -> None:
+    from mamba_radix.flags import flag_message
+
+    assert flag_message("budget_gib must be > 0; kv_tokens and state_slots together") == (
+        "--memory-budget-gb must be > 0; --kv-tokens and --state-slots together"
+    )
+    assert (
+        flag_message("mode timed; --mamba-track-interval stays") == "mode timed; --mamba-track-interval stays"
+    )
+
+
+def test_an_error_that_is_not_the_librarys_is_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mamba_radix.cli as cli
+
+    def boom(args: Any) -> int:
+        raise KeyError("a bug")
+
+    monkeypatch.setitem(cli.COMMANDS, "simulate", boom)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["simulate", "--synthetic", "chat"])
+
+
+def test_plan_and_simulate_give_the_same_pools_for_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in ([], ["--mamba-ssm-dtype", "float32", "--tp-size", "4"]):
+        assert main(["plan", "--model", "kimi-k3", "--memory-budget-gb", "27.25", "--json", *extra]) == 0
+        planned = json.loads(capsys.readouterr().out)
+        argv = [
+            "simulate",
+            "--synthetic",
+            "chat",
+            "--limit",
+            "2",
+            "--quiet",
+            "--json",
+            "--memory-budget-gb",
+            "27.25",
+        ]
+        out = Path(tempfile_dir()) / f"r{len(extra)}.jsonl"
+        assert main([*argv, "--out", str(out), *extra]) == 0
+        capsys.readouterr()
+        pools = json.loads(out.read_text())["pools"]
+        assert (pools["state_slots"], pools["kv_tokens"]) == (
+            planned["max_mamba_cache_size"],
+            planned["num_tokens"],
+        ), extra
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp()
+
+
+# --------------------------------------------------------------------------------- pools and outputs
+def test_exact_pool_sizes_and_page_size_reach_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    argv = ["simulate", "--synthetic", "chat", "--limit", "4", "--quiet", "--out", str(out),
+            "--kv-tokens", "300000", "--state-slots", "40", "--page-size", "16"]  # fmt: skip
+    assert main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert (rec["pools"]["kv_tokens"], rec["pools"]["state_slots"]) == (300_000, 40)
+    assert (rec["params"]["kv_tokens"], rec["params"]["state_slots"], rec["params"]["page_size"]) == (
+        300_000,
+        40,
+        16,
+    )
+
+
+def test_experiment_never_overwrites_a_results_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    definition = tmp_path / "tiny.json"
+    definition.write_text(json.dumps({
+        "trace": "mooncake_conversation_trace.jsonl", "limit": 3, "base": {"mode": "sequential"},
+        "groups": [{"name": "g", "vary": {"mamba_radix_cache_strategy": ["no_buffer", "extra_buffer"]}}],
+    }))  # fmt: skip
+    root = tmp_path / "results"
+    base = ["experiment", "--definition", str(definition), "--jobs", "1", "--quiet"]
+    assert main([*base, "--results-dir", str(root)]) == 0
+    assert main([*base, "--results-dir", str(root)]) == 0
+    folders = sorted(p.name for p in root.iterdir())
+    assert len(folders) == 2 and all(f.startswith("tiny-") for f in folders)  # a new folder each time
+    capsys.readouterr()
+    out = root / folders[0]
+    before = (out / "results.jsonl").read_text()
+    assert main([*base, "--out", str(out)]) == 2
+    _one_line_error(capsys, str(out), "not empty", "--force")
+    assert (out / "results.jsonl").read_text() == before
+    assert main([*base, "--out", str(out), "--force"]) == 0
+    assert main([*base, "--out", str(tmp_path / "missing" / "deeper")]) == 2
+    _one_line_error(capsys, "does not exist")
+
+
+def test_a_definition_with_problems_reports_each_on_one_line_and_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    definition = tmp_path / "bad.json"
+    definition.write_text(json.dumps({
+        "trace": "no_such_trace.jsonl", "limit": 3,
+        "groups": [
+            {"name": "a", "vary": {"mamba_track_interval": [128, 256]}, "fixed": {"mamba_bogus": 1}},
+            {"name": "b", "fixed": {"mamba_radix_cache_strategy": "fast"}},
+            {"name": "c", "synthetic": {"generator": "forest"}},
+        ],
+    }))  # fmt: skip
+    out = tmp_path / "out"
+    for argv in (
+        ["experiment", "--definition", str(definition), "--out", str(out)],
+        ["sweep", "--definition", str(definition), "--out", str(tmp_path / "s.jsonl")],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 4, err
+        assert "trace file not found" in err[0] and str(tmp_path / "no_such_trace.jsonl") in err[0]
+        assert "group 'a': unknown parameter 'mamba_bogus'" in err[1]
+        assert "group 'b'" in err[2] and "--mamba-radix-cache-strategy" in err[2]
+        assert "group 'c': synthetic workload" in err[3]
+    assert not out.exists() and not (tmp_path / "s.jsonl").exists()  # no partial report
+
+
+def test_sweep_and_experiment_find_a_definitions_trace_alike(tmp_path: Path) -> None:
+    """A relative trace is looked up beside the definition (then among the bundled traces), whatever
+    the current folder, by both commands."""
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 1, "input_length": 8, "output_length": 2, "hash_ids": [1, 3]}\n'
+    )
+    (folder / "d.json").write_text(json.dumps({
+        "trace": "t.jsonl", "block_size": 4, "base": {"mode": "sequential"}, "groups": [{"name": "g"}],
+    }))  # fmt: skip
+    assert main(["sweep", "--definition", str(folder / "d.json"), "--out", str(tmp_path / "s.jsonl"), "--quiet",
+                 "--jobs", "1"]) == 0  # fmt: skip
+    assert main(["experiment", "--definition", str(folder / "d.json"), "--out", str(tmp_path / "e"), "--quiet",
+                 "--jobs", "1"]) == 0  # fmt: skip
+    (s,) = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    (e,) = [json.loads(x) for x in (tmp_path / "e" / "results.jsonl").read_text().splitlines()]
+    assert s["params"]["trace"] == e["params"]["trace"] == "t.jsonl" and s["metrics"] == e["metrics"]
+
+
+def test_sweep_report_draws_plots_for_what_varies(tmp_path: Path) -> None:
+    report = tmp_path / "rep"
+    argv = ["sweep", "--synthetic", "chat", "--limit", "6", "--jobs", "1", "--quiet", "--out", str(tmp_path / "s.jsonl"),
+            "--report", str(report), "--mamba-track-interval", "64,256", "--mamba-max-states-per-path=-1,2"]  # fmt: skip
+    assert main(argv) == 0
+    text = (report / "report.md").read_text()
+    for name in ("hit_vs_mamba_track_interval.png", "hit_vs_mamba_max_states_per_path.png", "pressure.png"):
+        assert f"]({name})" in text and (report / name).stat().st_size > 1000
+    # the report folder is not overwritten either
+    assert main([*argv[:-3], "--out", str(tmp_path / "s2.jsonl")]) == 2

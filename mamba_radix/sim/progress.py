@@ -104,7 +104,9 @@ class Progress:
         rate = self.done_requests / elapsed if elapsed > 0 else 0.0
         pct = 100.0 * self.done_requests / self.total_requests if self.total_requests else 100.0
         left = self.total_requests - self.done_requests
-        eta = format_duration(left / rate) if rate > 0 and left > 0 else ("0s" if left <= 0 else "?")
+        # the first requests of a run include its set-up: no ETA until 1% is done
+        settled = self.done_requests >= max(1, self.total_requests // 100)
+        eta = "0s" if left <= 0 else (format_duration(left / rate) if rate > 0 and settled else "?")
         return (
             f"{self.desc}: {self.done_requests:,}/{self.total_requests:,} requests ({pct:.1f}%), "
             f"{self._runs_text()}, {rate:,.0f} req/s, elapsed {format_duration(elapsed)}, ETA {eta}"

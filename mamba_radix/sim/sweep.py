@@ -518,6 +518,11 @@ def run_sweep(
                 collect(_run_safely(s, progress))
         else:
             _run_local_pool(queue, jobs, collect, on_progress)
+    except BaseException:
+        if sink and not records:  # nothing ran (e.g. no Ray cluster there): leave no empty results file
+            sink.close()
+            Path(sink.name).unlink(missing_ok=True)
+        raise
     finally:
         if sink:
             sink.close()

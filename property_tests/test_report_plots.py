@@ -1,0 +1,106 @@
+"""Reports that do not mislead: zoomed axes marked, no single-series legends, flag names on axes,
+"no cap" set apart, the KV axis labelled with what it counts; and the comparison with reference results."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mamba_radix.sim import report  # noqa: E402
+from mamba_radix.sim.sweep import RunSpec, run_sweep  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, Any]]:
+    specs = [
+        RunSpec(run_id=f"{i:03d}", trace="synthetic:chat", synthetic={"generator": "chat", "seed": 1}, limit=8,
+                options={"mode": "sequential"}, budget_gib=2.0, config={"mamba_max_states_per_path": cap})
+        for i, cap in enumerate((-1, 1, 4))
+    ]  # fmt: skip
+    return run_sweep(specs, jobs=1)
+
+
+def _texts(ax: Any) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def test_a_zoomed_y_axis_says_so() -> None:
+    _, ax = plt.subplots()
+    ax.plot([0, 1], [4.64, 4.82])
+    ax.set_ylim(4.6, 4.9)
+    report._mark_zoomed_y(ax, 100.0)
+    assert any("y axis zoomed: starts at 4.6%, not 0" in t for t in _texts(ax))
+    _, ax2 = plt.subplots()
+    ax2.plot([0, 1], [0, 4.82])
+    ax2.set_ylim(0, 5)
+    report._mark_zoomed_y(ax2, 100.0)
+    assert not _texts(ax2)
+    plt.close("all")
+
+
+def test_line_plot_single_series_no_legend_no_cap_last_and_labelled(
+    records: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[Any] = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig: Any, *args: Any, **kw: Any) -> None:
+        drawn.append(fig)
+        real_savefig(fig, *args, **kw)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep)
+    spec = {"kind": "line", "file": "cap.png", "x": "mamba_max_states_per_path", "categorical": True,
+            "series": ["strategy"], "references": False}  # fmt: skip
+    assert report._line_plot(records, spec, tmp_path / "cap.png")
+    ax = drawn[0].axes[0]
+    assert ax.get_legend() is None  # one series: nothing to tell apart
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "no cap (-1)"]
+    assert ax.get_xlabel() == "--mamba-max-states-per-path (categories, not to scale)"
+    # a dashed rule sets "no cap" apart from the numbers
+    assert any(line.get_linestyle() == "--" and list(line.get_xdata()) == [1.5, 1.5] for line in ax.lines)
+
+
+def test_pressure_plot_labels_owed_kv_and_draws_the_pool(
+    records: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[Any] = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    spec = {"kind": "pressure", "file": "p.png", "series": ["mamba_max_states_per_path"]}
+    assert report._pressure_plot(records, spec, tmp_path / "p.png")
+    ax_kv = drawn[0].axes[0]
+    assert "owed" in ax_kv.get_ylabel()
+    assert "pool size" in _texts(ax_kv)
+    assert ax_kv.get_legend().get_title().get_text() == "--mamba-max-states-per-path"
+
+
+def test_reference_comparison(records: list[dict[str, Any]]) -> None:
+    same = report.reference_comparison(records, copy.deepcopy(records), "ref.jsonl")
+    assert same[0].startswith("3 of 3 runs identical to the reference (ref.jsonl")
+    changed = copy.deepcopy(records)
+    changed[1]["metrics"]["cached_tokens"] += 1
+    changed[1]["metrics"]["token_hit_rate"] -= 0.01
+    lines = report.reference_comparison(records, changed, "ref")
+    assert lines[0].startswith("2 of 3 runs identical")
+    assert any(line.startswith("| 001 |") and "+1.00 | differs |" in line for line in lines)
+    other = copy.deepcopy(records)
+    for r in other:
+        r["params"]["limit"] = 10_000
+    (line,) = report.reference_comparison(records, other, "ref")
+    assert "not comparable" in line and "10000" in line
+
+
+def test_write_report_includes_the_comparison_and_the_refresh_column(
+    records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    path = report.write_report(records, tmp_path, reference=records, reference_name="ref.jsonl")
+    text = path.read_text()
+    assert "## Compared with the reference" in text and "3 of 3 runs identical" in text
+    all_runs = text[text.index("## All runs") :]
+    assert "| run | group | strategy | evict | refresh | cap |" in all_runs
