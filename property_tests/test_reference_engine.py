@@ -226,6 +226,32 @@ def test_forward_span_matches_plain_forward(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_engine_bit_exact_with_transformers_cache(family):
+    """Served through the engine (KV at the allocator's indices, states in pool slots, several requests
+    in flight) with the same computation order as transformers' own generate loop (whole prompt in one
+    forward, then one token at a time), every logit is bit-exact."""
+    m = model(family)
+    rng = random.Random(7)
+    prompts = [tokens(rng, 23), tokens(rng, 30)]
+    engine = ReferenceEngine.build(
+        m, config("no_buffer", disable_radix_cache=True), chunked_prefill_size=-1, record=True
+    )
+    rids = [engine.submit(p, 6) for p in prompts]
+    engine.run()
+    for rid, prompt in zip(rids, prompts, strict=True):
+        ours = torch.cat([r.logits for r in engine.records if r.rid == rid])
+        out = engine.finished[rid]
+        with torch.no_grad():
+            step = m.model(input_ids=torch.tensor([prompt]), use_cache=True)
+            hf_cache, hf = step.cache, [step.logits[0]]
+            for t in out[:-1]:
+                step = m.model(input_ids=torch.tensor([[t]]), cache=hf_cache, use_cache=True)
+                hf_cache = step.cache
+                hf.append(step.logits[0])
+        assert torch.equal(ours, torch.cat(hf))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_track_split_and_off_by_one_sensitivity(family):
     """A track point inside a span (two pieces) writes the state the model has there; a state one
     token or one grid step off moves the next logits by >= 100 x LOGIT_ATOL (so the engine checks can
@@ -387,6 +413,10 @@ def test_misuse_raises_typed_errors():
         m.forward_span(pools, [5, 6], 1, idx[:0], idx[:2], 1, 1)
     with pytest.raises(InvalidArgument, match="track_len"):
         m.forward_span(pools, [5, 6], 0, idx[:0], idx[:2], 1, 1, track_len=3, track_slot=1)
+    slot = int(pools.mamba_pool.alloc(1)[0])
+    pools.mamba_pool.temporal[:, slot] = 1.0  # a slot nobody cleared
+    with pytest.raises(InvalidArgument, match="non-zero state"):
+        m.forward_span(pools, [5, 6], 0, idx[:0], idx[:2], slot, slot)
     with pytest.raises(InvalidArgument, match="kimi_linear and qwen3_next"):
         from mamba_radix.reference_engine import HybridModel
 

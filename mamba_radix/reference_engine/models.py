@@ -197,6 +197,13 @@ class HybridModel:
         if track_len is not None and not start < track_len <= end:
             raise InvalidArgument(f"track_len {track_len} must lie in ({start}, {end}]")
         state = SlotState.gather(self, pools.mamba_pool, read_slot)
+        if start == 0 and not state.is_zero():
+            # The kernels ignore the state at position 0 (as SGLang's do without an initial state), so a
+            # slot the cache forgot to clear would go unnoticed: refuse it instead.
+            raise InvalidArgument(
+                f"slot {read_slot} holds a non-zero state for a span starting at position 0; a request "
+                "without a hit must start from a cleared slot (MambaPool.clear)"
+            )
         ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
         cut = n if track_len is None else track_len - start
         logits = [self._piece(pools, state, ids[:cut], start, prefix_kv, new_kv[:cut])]
@@ -259,6 +266,10 @@ class SlotState:
         conv = [torch.cat([c[j] for c in convs], dim=1) for j in range(num_layers)]
         return cls(model, conv, [temporal[j].clone() for j in range(num_layers)])
 
+    def is_zero(self) -> bool:
+        """Whether every conv window and recurrent state is all zeros."""
+        return all(not bool(t.any()) for t in (*self.conv, *self.temporal))
+
     def scatter(self, pool: MambaPool, slot: int) -> None:
         """Write this state into slot ``slot`` (one :func:`state_ops.scatter_slots`)."""
         widths = [shape[0] for shape in self.model.conv_shapes]
@@ -275,8 +286,8 @@ class PoolBackedCache:
     Full attention: :meth:`update` writes the new K/V (MLA: compressed KV and rope key) at ``new_kv`` in
     the KV storage and returns the K/V of every position ``[0, end)`` read back from it, so attention sees
     exactly what the storage holds at our indices. Linear layers: the conv/recurrent getters return the
-    working state (always present: a fresh request's slot is zero, which equals "no state" bit for bit),
-    the updaters overwrite it in place.
+    working state (``None`` at position 0, where transformers' fresh cache has none and the slot is
+    zero), the updaters overwrite it in place.
     """
 
     def __init__(
@@ -327,24 +338,36 @@ class PoolBackedCache:
             raise InvalidArgument(f"layer {layer_idx} is not a linear-attention layer of this model")
         return self._linear_index[layer_idx]
 
-    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor:
-        """The conv window at the piece start, ``[1, conv_dim, kernel]``; the decode path updates it
-        in place."""
-        return self._state.conv[self._j(layer_idx)]
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        """The conv window at the piece start, ``[1, conv_dim, kernel]`` (the decode path updates it in
+        place); ``None`` at position 0, as transformers' fresh cache says (the slot is zero there)."""
+        j = self._j(layer_idx)
+        return None if self._start == 0 else self._state.conv[j]
 
     def update_conv_state(
         self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
     ) -> torch.Tensor:
         """Prefill: return the window followed by the new inputs (the causal conv's left context) and
-        keep the last ``kernel`` inputs as the new window."""
+        keep the last ``kernel`` inputs as the new window. At position 0 the window is all zeros and,
+        as transformers does for a fresh cache, only a too-short input is zero-padded: the conv then
+        runs over the same length as a plain forward and rounds bit for bit like it."""
         j = self._j(layer_idx)
         window = self._state.conv[j]
-        full = torch.cat([window, conv_states.to(window.dtype)], dim=-1)
-        window.copy_(full[..., -window.shape[-1] :])
+        kernel = window.shape[-1]
+        new = conv_states.to(window.dtype)
+        if self._start == 0:
+            full = (
+                new if new.shape[-1] >= kernel else torch.nn.functional.pad(new, (kernel - new.shape[-1], 0))
+            )
+        else:
+            full = torch.cat([window, new], dim=-1)
+        window.copy_(full[..., -kernel:])
         return full
 
-    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor:
-        return self._state.temporal[self._j(layer_idx)]
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        """The delta-rule state at the piece start; ``None`` at position 0 (the kernels start from zero)."""
+        j = self._j(layer_idx)
+        return None if self._start == 0 else self._state.temporal[j]
 
     def update_recurrent_state(
         self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
