@@ -1,10 +1,7 @@
-"""Shared test set-up: Hypothesis profiles and the Triton interpreter switch.
+"""Shared test set-up: the Triton interpreter switch, the Hypothesis profile, the markers.
 
-Profiles, chosen with ``MAMBA_RADIX_HYPOTHESIS_PROFILE`` (default ``ci``):
-
-- ``ci``: bounded so the whole suite runs in a few minutes on 2 cores;
-- ``dev``: fewer examples, for a quick local loop;
-- ``thorough``: deep runs (the stateful suites reach 100,000+ steps in total).
+Profiles live in the package (:mod:`mamba_radix.testing.profiles`), chosen with
+``MAMBA_RADIX_HYPOTHESIS_PROFILE``: ``ci`` (default, bounded for 2 cores), ``dev`` (quick), ``thorough``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from mamba_radix.testing.sglang.replay import (
     requests_from_trace,
 )
 
-__all__ = ["Diff", "ParityResult", "compare", "replay_config_for", "run_ours"]
+__all__ = ["Diff", "ParityResult", "compare", "preset_for", "replay_config_for", "run_ours"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class ParityResult:
     sglang_hit_rate: float
     ours_kv_match_rate: float
     sglang_kv_match_rate: float
-    sglang_mamba_evicted: int
+    sglang_mamba_evicted: int  # SGLang's own count (EvictResult), states freed by KV eviction excluded
+    sglang_states_evicted: int  # every state the tree gave up by eviction (comparable with ours)
     sglang_kv_evicted: int
     ours_stats: dict[str, Any] = field(default_factory=dict)
     first_diff: Diff | None = None
@@ -73,6 +74,14 @@ class ParityResult:
         out = asdict(self)
         out["all_identical"] = self.all_identical
         return out
+
+
+def preset_for(version: str) -> str | None:
+    """Our preset that models SGLang ``version`` (``sglang-<version>``), or None when there is none."""
+    from mamba_radix.peers import PEERS
+
+    name = f"sglang-{version}"
+    return name if name in PEERS else None
 
 
 def replay_config_for(config: CacheConfig, kv_tokens: int | None, state_slots: int | None) -> ReplayConfig:
@@ -136,13 +145,19 @@ def compare(
     on_request: Callable[[int], None] | None = None,
 ) -> ParityResult:
     """Replay ``traces`` (:class:`~mamba_radix.sim.traces.TraceRequest`, in order) through our simulator
-    with ``config`` and through SGLang ``version``; compare per request. ``peer`` only labels the result
-    (apply the preset to ``config`` before calling). ``on_request`` ticks once per SGLang request.
+    with ``config`` and through SGLang ``version``; compare per request. ``peer`` names a preset of
+    :mod:`mamba_radix.peers` applied to ``config`` for our side (``"auto"``: ``sglang-<version>`` when
+    that preset exists, else none). ``on_request`` ticks once per SGLang request.
 
     Raises what the loader raises when SGLang cannot be fetched; ``ReplayError`` when a request does not
     fit. Cost: both replays, dominated by the caches' work.
     """
     traces = list(traces)
+    peer = preset_for(version) if peer == "auto" else peer
+    if peer is not None:
+        from mamba_radix.peers import apply_peer
+
+        config = apply_peer(config, peer)
     ours, stats = run_ours(traces, config, kv_tokens, state_slots)
     sg = load_sglang(version)
     theirs: ReplayResult = replay(
@@ -177,6 +192,7 @@ def compare(
         ours_kv_match_rate=ours_kv / total_in,
         sglang_kv_match_rate=sum(r.kv_match for r in theirs.rows) / total_in,
         sglang_mamba_evicted=theirs.mamba_evicted,
+        sglang_states_evicted=theirs.states_evicted,
         sglang_kv_evicted=theirs.kv_evicted,
         ours_stats={k: v for k, v in stats.items() if isinstance(v, (int, float))},
         first_diff=first,

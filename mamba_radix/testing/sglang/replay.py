@@ -104,6 +104,11 @@ class ReplayConfig:
     track_interval: int = 256
     chunk_size: int | None = None
     overlap: bool = True
+    # Rule switches for diagnosis (not SGLang's behaviour when changed): the state slots to keep free
+    # before every prefill chunk (None: the release's rule), and inserting at every decode boundary
+    # (``cache_unfinished_req`` there, as our simulator did before the lifecycle rewrite).
+    headroom_slots: int | None = None
+    insert_at_decode_boundary: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in ("no_buffer", "extra_buffer"):
@@ -147,6 +152,9 @@ class ReplayResult:
     config: ReplayConfig
     rows: list[ReplayRow] = field(default_factory=list)
     mamba_evicted: int = 0  # states the cache reported evicted (EvictResult.mamba_num_evicted)
+    # states the tree gave up by eviction, leaves deleted by KV eviction included (EvictResult does not
+    # count those): the count comparable with our CacheStats.states_evicted
+    states_evicted: int = 0
     kv_evicted: int = 0  # KV tokens the cache reported evicted
     evict_calls: int = 0
 
@@ -284,6 +292,23 @@ class _Driver:
             return out
 
         self.cache.evict = counted
+        self._count_state_evictions()
+
+    def _count_state_evictions(self) -> None:
+        """Count every state eviction frees: a leaf deleted (by state or KV eviction) or an inner node
+        tombstoned; both helpers run only on eviction paths of 0.5.20's cache."""
+        cache, result = self.cache, self.result
+        leaf, tomb = cache._evict_leaf_node, cache._tombstone_internal_node
+
+        def evict_leaf(*args: Any, **kwargs: Any) -> Any:
+            result.states_evicted += 1
+            return leaf(*args, **kwargs)
+
+        def tombstone(*args: Any, **kwargs: Any) -> Any:
+            result.states_evicted += 1
+            return tomb(*args, **kwargs)
+
+        cache._evict_leaf_node, cache._tombstone_internal_node = evict_leaf, tombstone
 
     # ------------------------------------------------------------------------------------- helpers
     def evict_params(self, **kw: int) -> Any:
@@ -312,7 +337,13 @@ class _Driver:
     # ---------------------------------------------------------------------------------- admission
     def admit(self, req: _Req) -> tuple[int, int]:
         input_len = len(req.origin_input_ids)
-        key = self.sg.RadixKey(req.full_untruncated_fill_ids, req.extra_key, limit=max(input_len - 1, 0))
+        limit = max(input_len - 1, 0)
+        if self.cfg.page_size > 1:
+            # 0.5.20's MambaRadixCache walks keys page by page and raises IndexError on a key whose tail
+            # is shorter than a page (its server never builds this class: the registry builds
+            # UnifiedRadixCache). Matching the page-aligned key gives the hit the walk would have given.
+            limit = limit // self.cfg.page_size * self.cfg.page_size
+        key = self.sg.RadixKey(req.full_untruncated_fill_ids, req.extra_key, limit=limit)
         allocator = self.req_pool.mamba_allocator
         allocator.alloc_group_begin(1)  # one waiting request: SGLang pre-takes one slot per waiting request
         match = self.cache.match_prefix(self.sg.MatchPrefixParams(key=key, req=req, cow_mamba=True))
@@ -359,7 +390,9 @@ class _Driver:
 
     def slot_headroom(self, req: _Req) -> None:
         """0.5.20 ``alloc_req_slots``: evict states until the per-request headroom is free."""
-        need = HEADROOM_SLOTS[self.cfg.strategy]
+        need = (
+            HEADROOM_SLOTS[self.cfg.strategy] if self.cfg.headroom_slots is None else self.cfg.headroom_slots
+        )
         avail = self.req_pool.mamba_allocator.schedulable_available_size()
         if avail < need:
             self.cache.evict_for_alloc(self.evict_params(mamba_num=need - avail))
@@ -436,6 +469,10 @@ class _Driver:
             req.kv.mamba_last_track_seqlen = kv + 1
             req.kv.mamba_last_track_idx = track_idx
             req.kv.mamba_next_track_idx = self.req_pool.get_mamba_ping_pong_other_idx(track_idx)
+            if self.cfg.insert_at_decode_boundary and len(req.output_ids) < len(req.all_output):
+                req.refresh_fill_ids()
+                req.extend_range = _Range(kv, kv + 1)
+                self.cache.cache_unfinished_req(req)
 
     # ------------------------------------------------------------------------------------- finish
     def finish(self, req: _Req) -> None:
