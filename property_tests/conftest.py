@@ -47,3 +47,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("MAMBA_RADIX_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    """Markers registered here (``--strict-markers`` refuses unknown ones)."""
+    config.addinivalue_line(
+        "markers",
+        "sglang: differential tests against SGLang's real cache, loaded from its PyPI wheel "
+        "(fetched once into $MAMBA_RADIX_SGLANG_CACHE); deselect with -m 'not sglang'",
+    )
