@@ -399,6 +399,18 @@ def _check_new_dir(path: Path, force: bool, what: str) -> None:
         raise CliError(f"folder {path.parent} (for {what} {path.name}) does not exist; create it first")
 
 
+def _warn_rejected(rec: dict[str, Any], command: str) -> None:
+    """One warning line on stderr for a run that rejected requests (they never ran; the hit rate is over
+    the others)."""
+    rejected = rec.get("cache_stats", {}).get("rejected_requests", 0)
+    if rejected:
+        where = "" if command == "simulate" else f"run {rec['run_id']}: "
+        sys.stderr.write(
+            f"{PROG} {command}: warning: {where}{rejected:,} requests can never fit the pools (longer than the KV "
+            "pool or a request row) and were rejected\n"
+        )
+
+
 def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     import csv
 
@@ -408,24 +420,6 @@ def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         w.writeheader()
         for row in sorted(rows, key=lambda r: r["index"]):
             w.writerow(row)
-
-
-def _warn_unfit(spec: Any, trace: str, requests: Sequence[Any] | None, quiet: bool) -> None:
-    """Say before the run when the longest request cannot fit the KV pool (the engine cannot run it)."""
-    from mamba_radix.sim.sweep import spec_pools, trace_facts
-
-    if spec.infinite:
-        return
-    if requests is not None:
-        longest = max((r.input_len + r.output_len for r in requests), default=0)
-    else:
-        longest = trace_facts(trace, spec.trace_format, spec.block_size, spec.limit)[0].max_seq_len
-    pools = spec_pools(spec, spec.cache_config(), 0, 0, 0)
-    if longest > pools.kv_tokens and not quiet:
-        sys.stderr.write(
-            f"{PROG}: warning: the longest request ({longest:,} tokens) does not fit the KV pool "
-            f"({pools.kv_tokens:,} tokens); requests that long cannot run\n"
-        )
 
 
 def _format_summary(rec: dict[str, Any]) -> str:
@@ -465,6 +459,12 @@ def _format_summary(rec: dict[str, Any]) -> str:
         f"p99 {sec(m['ttft_p99_s'])}; simulated {m['sim_time_s']:.1f} s",
         f"wall time           {rec['wall_s']:.2f} s",
     ]
+    rejected = stats.get("rejected_requests", 0)
+    if rejected:
+        lines.insert(
+            1 + len(peer),
+            f"rejected            {rejected:,} requests that can never fit (longer than the KV pool or a request row)",
+        )
     return "\n".join(lines)
 
 
@@ -481,7 +481,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise CliError("--out and --per-request name the same file")
     trace, requests = _trace_source(args)
     spec = _make_spec(args, "simulate", _params_from_flags(args), trace)
-    _warn_unfit(spec, trace, requests, args.quiet)
     from mamba_radix.sim.sweep import count_requests
 
     total = len(requests) if requests is not None else count_requests(spec)
@@ -489,6 +488,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     with Progress(total, 1, "simulate", quiet=args.quiet, every_s=every) as progress:
         rec = run_one(spec, progress=lambda n: progress.update("simulate", n), requests=requests)
         progress.run_done("simulate", total)
+    _warn_rejected(rec, "simulate")
     rows = rec.pop("per_request", None) if per_request is not None else None
     if out is not None:
         with open(out, "w", encoding="utf-8") as f:
@@ -560,6 +560,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     failed = [r for r in records if "error" in r]
     for r in failed:
         sys.stderr.write(f"{PROG} sweep: run {r['run_id']} failed: {r['error']}\n")
+    for r in records:
+        _warn_rejected(r, "sweep")
     if report_dir is not None:
         from mamba_radix.sim.report import write_report
 
@@ -662,6 +664,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     failed = [r for r in records if "error" in r]
     for r in failed:
         sys.stderr.write(f"{PROG} experiment: run {r['run_id']} failed: {r['error']}\n")
+    for r in records:
+        _warn_rejected(r, "experiment")
     report = write_report(
         records, out_dir, definition=definition, runtime_s=elapsed, jobs=info["jobs"],
         reference=reference, reference_name=reference_name,

@@ -480,3 +480,13 @@ def test_sweep_report_draws_plots_for_what_varies(tmp_path: Path) -> None:
         assert f"]({name})" in text and (report / name).stat().st_size > 1000
     # the report folder is not overwritten either
     assert main([*argv[:-3], "--out", str(tmp_path / "s2.jsonl")]) == 2
+
+
+def test_requests_that_cannot_fit_are_counted_and_warned(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--limit", "20", "--kv-tokens", "20000", "--state-slots", "64", "--quiet"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    rejected = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(rejected) == 1 and "4 requests can never fit the pools" in rejected[0]
+    assert "rejected            4 requests that can never fit" in captured.out
+    assert "requests            16 " in captured.out

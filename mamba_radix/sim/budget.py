@@ -35,6 +35,11 @@ __all__ = [
 # Kimi K3 at TP8 on one rank, as in the seeds: 974,656 bf16 MLA tokens (25.10 GiB) + 80 bf16 state
 # slots (2.16 GiB) = 27.26 GiB of KV + state memory left after weights.
 KIMI_K3_PER_RANK_BUDGET_GIB = deployment_for("kimi-k3").memory_budget_gib
+# the default model's deployment, by name (callers that size pools the simulator's way)
+DEFAULT_TP_SIZE = deployment_for("kimi-k3").tp_size
+DEFAULT_KV_CACHE_DTYPE = deployment_for("kimi-k3").kv_cache_dtype
+DEFAULT_MAMBA_SSM_DTYPE = deployment_for("kimi-k3").mamba_ssm_dtype
+DEFAULT_MAMBA_CONV_DTYPE = deployment_for("kimi-k3").mamba_conv_dtype
 # What one simulated run may allocate on the host: every KV token is an int64 in the allocator's free
 # list, every request row a max_context_len int32 row. 2^28 tokens (2 GiB of free list) is ~300x the
 # seeds' pool; past that a run is refused before it allocates anything (``--infinite`` sizes pools to

@@ -121,20 +121,21 @@ class Progress:
             self.stream.write(self.line() + "\n")
             self.stream.flush()
 
-    def close(self) -> None:
-        """End the display: close the bar, or write the final line (not when quiet)."""
+    def close(self, final_line: bool = True) -> None:
+        """End the display: close the bar, or write the final line (not when quiet or not
+        ``final_line``)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        elif not self.quiet:
+        elif not self.quiet and final_line:
             self.stream.write(self.line() + "\n")
             self.stream.flush()
 
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(final_line=exc_type is None)  # an error says what happened, not a progress line
 
 
 def _isatty(stream: TextIO) -> bool:

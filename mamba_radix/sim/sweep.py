@@ -153,8 +153,8 @@ class RunSpec:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` now for what would fail the run at its start: an invalid config, a
-        flag against the peer, a config the simulator cannot run (page_size > 1), an unknown synthetic
-        generator. O(fields)."""
+        flag against the peer, an unknown synthetic generator, bad options, a bad model or deployment,
+        pools the budget cannot buy or the simulator cannot hold. O(fields) plus the planner's sizing."""
         check_simulable(self.cache_config())
         if self.synthetic is not None:
             synthetic_label(self.synthetic)
@@ -169,6 +169,8 @@ class RunSpec:
                 f"unknown deployment field(s) {sorted(unknown)}; known: {sorted(DEPLOYMENT_FIELDS)}"
             )
         model_bytes(self.model, self.deployment_defaults())  # a bad model, TP size or dtype fails here
+        if not self.infinite:  # a budget that buys no running request fails here, not mid-sweep
+            spec_pools(self, self.cache_config(), 0, 0, 0)
 
     def deployment_defaults(self) -> Deployment:
         """The model's deployment (:func:`mamba_radix.defaults.deployment_for`) with this run's overrides."""
