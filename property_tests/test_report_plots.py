@@ -104,3 +104,28 @@ def test_write_report_includes_the_comparison_and_the_refresh_column(
     assert "## Compared with the reference" in text and "3 of 3 runs identical" in text
     all_runs = text[text.index("## All runs") :]
     assert "| run | group | strategy | evict | refresh | cap |" in all_runs
+
+
+def test_write_reference_drops_time_series_and_compares_identical(
+    records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    import json
+
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in reversed(records)))
+    assert report.write_reference(results, tmp_path / "ref.jsonl") == 3
+    ref = report.load_records(tmp_path / "ref.jsonl")
+    assert [r["run_id"] for r in ref] == ["000", "001", "002"] and not any("timeseries" in r for r in ref)
+    assert report.reference_comparison(records, ref, "ref")[0].startswith("3 of 3 runs identical")
+
+
+def test_the_bundled_reference_matches_the_committed_reference_run() -> None:
+    from mamba_radix.data import data_path
+
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("default", "peers"):
+        full = report.load_records(repo / "experiments" / "reference" / name / "results.jsonl")
+        bundled = report.load_records(data_path("experiments", f"{name}.reference.jsonl"))
+        for r in full:
+            r.pop("timeseries", None)
+        assert sorted(full, key=lambda r: r["run_id"]) == bundled, name

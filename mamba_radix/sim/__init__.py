@@ -7,8 +7,11 @@
   :mod:`mamba_radix.capacity`;
 - :mod:`~mamba_radix.sim.engine`: the scheduler/engine loop (SGLang's rules, timed and sequential modes);
 - :mod:`~mamba_radix.sim.metrics`: per-run metrics and the JSON-lines record;
-- :mod:`~mamba_radix.sim.sweep`: one run, parallel sweeps, experiment definitions;
-- :mod:`~mamba_radix.sim.report`: markdown tables and PNG plots from results files.
+- :mod:`~mamba_radix.sim.sweep`: one run, sweeps (local processes or Ray), experiment definitions;
+- :mod:`~mamba_radix.sim.ray_backend`: each run of a sweep as a Ray task (the ``[ray]`` extra);
+- :mod:`~mamba_radix.sim.progress`: progress in requests across runs (rate, ETA; lines off a terminal);
+- :mod:`~mamba_radix.sim.report`: markdown tables, PNG plots (the ``[experiments]`` extra) and the
+  comparison with reference results, from results files.
 
 Submodules are imported on demand (the engine pulls in torch and the cache).
 """

@@ -598,3 +598,23 @@ def sweep_plots(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         plots.append({"kind": "pressure", "file": "pressure.png", "series": varying or ["strategy"],
                       "title": "KV-token and state-slot pressure over time"})  # fmt: skip
     return plots
+
+
+def write_reference(results: str | Path, out: str | Path) -> int:
+    """Write the reference file of a definition from a run's ``results.jsonl``: its records sorted by run,
+    without their time series (what :func:`reference_comparison` needs). Returns the run count.
+    Side effects: overwrites ``out``."""
+    records = sorted(load_records(results), key=lambda r: str(r["run_id"]))
+    with open(out, "w", encoding="utf-8") as f:
+        for r in records:
+            r.pop("timeseries", None)
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    return len(records)
+
+
+if __name__ == "__main__":  # python -m mamba_radix.sim.report RESULTS.jsonl REFERENCE.jsonl
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m mamba_radix.sim.report RESULTS.jsonl REFERENCE.jsonl")
+    print(f"{write_reference(sys.argv[1], sys.argv[2])} runs written to {sys.argv[2]}")
