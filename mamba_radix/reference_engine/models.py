@@ -62,11 +62,10 @@ __all__ = [
 # 64 terms, n ~ 4 * (64 + 64 + 128 + 192) + 64 ~ 1.9e3. Independent zero-mean roundings add like a random
 # walk: sqrt(n) * u * max|logit| ~ 44 * 6.0e-8 * 0.7 ~ 1.8e-6 (|logit| <= 0.7 for the tiny models).
 # LOGIT_ATOL = 1e-5 is 5.5x that. The all-roundings-aligned bound n * u * max|logit| ~ 8e-5 is not
-# approached: the largest difference measured over every forward (462: chunks, track splits, decode steps,
-# restores) and checkpoint probe in
-# property_tests/test_reference_engine.py is 3.1e-7 (5 ulp of 0.6), 30x below the tolerance. The smallest
-# planted-bug effect measured there (a checkpoint one grid step off) is 3.1e-4, 30x above it; one token
-# off moves logits by >= 3e-2.
+# approached: over every forward of property_tests/test_reference_engine.py (462: chunks, track splits,
+# decode steps, restores) and every checkpoint probe, the largest difference measured is 3.1e-7 (5 ulp
+# of 0.6), 30x below the tolerance. The smallest planted-bug effect measured there (a checkpoint one grid
+# step off) is 3.1e-4, 30x above it; a state one token off moves logits by >= 3e-2.
 LOGIT_ATOL = 1e-5
 
 
