@@ -9,7 +9,7 @@ whether every greedy token equals the uncached run's.
 
 Writes one JSON line per run (``--out``, default ``experiments/results/reference_engine.jsonl``) and
 prints a table. Needs transformers (``pip install 'mamba-radix[engine]'``); nothing is fetched from a
-hub. Example: ``python experiments/reference_engine.py`` (about 10 s on one core).
+hub. Example: ``python experiments/reference_engine.py`` (about 30 s on one core with 3 repeats).
 """
 
 from __future__ import annotations
