@@ -490,3 +490,16 @@ def test_requests_that_cannot_fit_are_counted_and_warned(capsys: pytest.CaptureF
     assert len(rejected) == 1 and "4 requests can never fit the pools" in rejected[0]
     assert "rejected            4 requests that can never fit" in captured.out
     assert "requests            16 " in captured.out
+
+
+def test_runs_too_large_to_simulate_are_refused_before_allocating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--synthetic", "chat", "--memory-budget-gb", "50000", "--quiet"]) == 2
+    _one_line_error(capsys, "--memory-budget-gb 50000 gives", "KV tokens, more than the simulator's limit")
+    huge = tmp_path / "huge.jsonl"  # one request of 204.8M tokens: a request table of 72 GiB
+    blocks = 400_000
+    huge.write_text(json.dumps({"timestamp": 0, "input_length": blocks * 512, "output_length": 10,
+                                "hash_ids": list(range(blocks))}) + "\n")  # fmt: skip
+    assert main(["simulate", "--trace", str(huge), "--quiet"]) == 2
+    _one_line_error(capsys, "GiB of host memory", "MAMBA_RADIX_SIM_MEMORY_GIB")
