@@ -533,6 +533,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _need_experiments_extra("sweep --report")
     definition: dict[str, Any] | None = None
     if args.definition:
+        given = [k for k, v in _params_from_flags(args).items() if v] + (
+            ["trace"] if args.trace or args.synthetic else []
+        )
+        if given:
+            raise CliError(
+                "--definition describes every run; drop the other run flags (or put them in its 'base')"
+            )
         definition, specs = _expand(_definition_file(args.definition), args.limit)
     else:
         import itertools

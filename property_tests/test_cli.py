@@ -503,3 +503,20 @@ def test_runs_too_large_to_simulate_are_refused_before_allocating(
                                 "hash_ids": list(range(blocks))}) + "\n")  # fmt: skip
     assert main(["simulate", "--trace", str(huge), "--quiet"]) == 2
     _one_line_error(capsys, "GiB of host memory", "MAMBA_RADIX_SIM_MEMORY_GIB")
+
+
+def test_sweep_definition_with_other_run_flags_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "sweep",
+        "--definition",
+        "peers",
+        "--out",
+        str(tmp_path / "s.jsonl"),
+        "--mamba-track-interval",
+        "128",
+    ]
+    assert main(argv) == 2
+    _one_line_error(capsys, "--definition describes every run")
+    assert not (tmp_path / "s.jsonl").exists()
