@@ -326,6 +326,61 @@ class HybridAdmissionMachine(RuleBasedStateMachine):
         assert got == [r.req_pool_idx for r in batch]
         self.running.extend(batch)
 
+    @rule(
+        n=st.integers(1, 3),
+        point=st.sampled_from(["rows", "slots"]),
+        mode=st.sampled_from(["none", "raise"]),
+    )
+    def admit_with_injected_fault(self, n, point, mode):
+        """An allocation that fails anyway (after admission counted room) returns None or propagates, and
+        nothing is taken: the next clean admission gets exactly the rows and slots it would have got."""
+        batch = [req(self.next_rid + i) for i in range(n)]
+        self.next_rid += n
+        before = pool_state(self.pool)
+        target = self.pool if point == "rows" else self.pool.mamba_pool
+        name = "_take_rows" if point == "rows" else "alloc"
+
+        def fail(*args, **kwargs):
+            if mode == "none":
+                return None
+            raise RuntimeError("injected allocation fault")
+
+        fits = (
+            n <= self.pool.available_size()
+            and PER_REQ[self.kind] * n <= self.pool.mamba_pool.available_size()
+        )
+        setattr(target, name, fail)
+        try:
+            if mode == "none" or not fits:  # short of room: refused by the count, before any allocation
+                assert self.pool.alloc(batch) is None
+            else:
+                with pytest.raises(RuntimeError, match="injected"):
+                    self.pool.alloc(batch)
+        finally:
+            delattr(target, name)
+        assert pool_state(self.pool) == before
+        assert all(req_state(r) == (None, None, None, 0) for r in batch)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), what=st.sampled_from(["row", "live", "track"]))
+    def admit_foreign(self, data, what):
+        """A new request carrying a running request's row or one of its slots is refused, unchanged."""
+        victim = data.draw(st.sampled_from(self.running))
+        intruder = req(-1)
+        if what == "row":
+            intruder.req_pool_idx = victim.req_pool_idx
+        elif what == "live":
+            intruder.mamba_pool_idx = victim.mamba_pool_idx
+        else:
+            track = [s for s in victim.mamba_ping_pong_track_buffer or [] if s != -1]
+            if not track:
+                return
+            intruder.mamba_pool_idx = track[0]
+        before = pool_state(self.pool)
+        with pytest.raises(InvalidArgument, match=r"holds|held by running request"):
+            self.pool.alloc([intruder])
+        assert pool_state(self.pool) == before
+
     @precondition(lambda self: self.running and self.kind != "no_buffer")
     @rule(data=st.data())
     def checkpoint(self, data):
@@ -380,6 +435,16 @@ class HybridAdmissionMachine(RuleBasedStateMachine):
         assert self.pool.mamba_pool.available_size() + self.pool.mamba_pool.used == self.SLOTS
         assert self.pool.used == len(self.running)
         assert_mappings_match(self.pool, self.running)
+
+    @invariant()
+    def owner_records_match_the_requests(self):
+        for r in self.running:
+            assert self.pool.row_holder(r.req_pool_idx) is r
+            for s in [r.mamba_pool_idx, *(r.mamba_ping_pong_track_buffer or [])]:
+                if s not in (None, -1):
+                    assert self.pool.slot_holder(s) is r and self.pool.is_slot_held(s)
+        for s in self.tree:
+            assert not self.pool.is_slot_held(s) and self.pool.slot_holder(s) is None
 
 
 TestHybridAdmissionMachine = HybridAdmissionMachine.TestCase

@@ -88,6 +88,7 @@ class FreeList:
         self._num_released = 0
         self._group: list | None = None  # chunks freed inside an open group
         self._num_in_group = 0
+        self._pre_merge: tuple | None = None  # what the last alloc's merge replaced (see undo_alloc)
         self.allocated.zero_()
 
     def _set_buffer(self, buf: torch.Tensor) -> None:
@@ -123,10 +124,14 @@ class FreeList:
         """
         head = self._head
         end = head + num_ids
+        self._pre_merge = None
         if end > self._buf_len:
             if num_ids > self.available:
                 return None
+            # The lists a merge replaces (it builds new ones), kept so that undo_alloc can put them back.
+            before = (self._buf, head, self._released, self._num_released, self._group, self._num_in_group)
             self.merge()
+            self._pre_merge = before
             head, end = 0, num_ids
         self._head = end
         ids = self._buf[head:end]
@@ -184,15 +189,14 @@ class FreeList:
         return 0 < i <= self.num_ids and bool(self.allocated[i])
 
     def undo_alloc(self, ids: torch.Tensor) -> None:
-        """Give back the ids the most recent :meth:`alloc` returned, as if that call had not taken them:
-        the head pointer steps back over them, so the next ``alloc`` hands out the same ids in the same
-        order. For a transactional caller whose later step failed. O(k).
+        """Give back the ids the most recent :meth:`alloc` returned, as if that call had not run: the next
+        ``alloc`` hands out the same ids in the same order. For a transactional caller whose later step
+        failed. O(k).
 
-        A merge that alloc did stays done; it never changes which ids come out next or in which order
-        (without ``need_sort`` a merge concatenates in order; with it, it only sorts ids that the unmerged
-        list would have sorted at its next merge anyway, so the set of free ids and the counts are as
-        before). If other allocations happened since (``ids`` is not the slice just before the head),
-        falls back to a checked :meth:`free`.
+        Exact when nothing was freed or allocated in between: the head pointer steps back over the ids,
+        and if that alloc merged, the lists the merge replaced are put back (a ``need_sort`` merge reorders
+        the free ids, so keeping it would change what later allocations return). Otherwise (``ids`` not
+        the slice just before the head) falls back to a checked :meth:`free`.
         """
         k = ids.numel()
         if k == 0:
@@ -200,18 +204,28 @@ class FreeList:
         head = self._head
         if k <= head and torch.equal(self._buf[head - k : head], ids):
             self.allocated[ids] = False
-            self._head = head - k
+            before, self._pre_merge = self._pre_merge, None
+            if before is not None and head == k:
+                buf, old_head, released, num_released, group, num_in_group = before
+                self._set_buffer(buf)
+                self._head = old_head
+                self._released, self._num_released = released, num_released
+                self._group, self._num_in_group = group, num_in_group
+            else:
+                self._head = head - k
             return
         self.free(ids, check=True)
 
     def free_group_begin(self) -> None:
         """Start collecting frees; they are concatenated once at :meth:`free_group_end`. Not re-entrant."""
+        self._pre_merge = None
         if self._group is None:
             self._group = []
             self._num_in_group = 0
 
     def free_group_end(self) -> None:
         """Close the group: one concatenation of every free made inside it. O(ids freed in the group)."""
+        self._pre_merge = None
         group, self._group = self._group, None
         if group:
             merged = self._cat(group)
@@ -235,6 +249,7 @@ class FreeList:
         Raises :class:`~mamba_radix.errors.InvariantError` if the result does not hold exactly the free
         ids counted (a bookkeeping bug; checked in O(1)).
         """
+        self._pre_merge = None
         total = self.available
         chunks = [self._buf_view(), *self._released, *(self._group or [])]
         if self.need_sort and total * _SCAN_FRACTION >= self.num_ids:
@@ -287,6 +302,7 @@ class FreeList:
         return divided[torch.nonzero_static(first, size=count).reshape(-1)]
 
     def _park(self, chunk: object, count: int) -> None:
+        self._pre_merge = None  # a free since the last alloc: undo_alloc falls back to a plain free
         if self._group is not None:
             self._group.append(chunk)
             self._num_in_group += count
