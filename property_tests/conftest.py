@@ -19,34 +19,9 @@ if os.environ.get("TRITON_INTERPRET") is None:
     except ImportError:  # pragma: no cover
         os.environ["TRITON_INTERPRET"] = "1"
 
-from hypothesis import HealthCheck, settings
+from mamba_radix.testing.profiles import load_profile
 
-settings.register_profile(
-    "ci",
-    max_examples=100,
-    stateful_step_count=50,
-    deadline=None,
-    derandomize=True,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "dev",
-    max_examples=15,
-    stateful_step_count=25,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=2_000,
-    stateful_step_count=100,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.load_profile(os.environ.get("MAMBA_RADIX_HYPOTHESIS_PROFILE", "ci"))
+load_profile()  # $MAMBA_RADIX_HYPOTHESIS_PROFILE: ci (default), dev or thorough
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]

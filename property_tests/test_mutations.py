@@ -95,7 +95,31 @@ def unfinished_req_never_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(MambaRadixCache, "cache_unfinished_req", mutant)
 
 
+def cap_drops_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-path cap drops forks too (it skips only the tail and locked nodes): the bound still holds,
+    so only the cap's policy check can tell (a shared prefix loses its checkpoint)."""
+
+    def mutant(self: RadixTree, tail) -> list[int]:
+        cap = self.config.mamba_max_states_per_path
+        if cap < 0:
+            return []
+        holders = [node for node in self.path_to_root(tail) if node.mamba_slot is not None]
+        excess = len(holders) - cap
+        freed = Freed()
+        for node in reversed(holders):
+            if excess <= 0:
+                break
+            if node is tail or node.mamba_lock_ref > 0:  # the fork test (children != 1) is gone
+                continue
+            self._drop_checkpoint(node, freed)
+            excess -= 1
+        return freed.slots
+
+    monkeypatch.setattr(RadixTree, "_enforce_path_cap", mutant)
+
+
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "cap_drops_forks": cap_drops_forks,
     "leaf_eviction_keeps_slot": leaf_eviction_keeps_slot,
     "split_copies_checkpoint": split_copies_checkpoint,
     "unlock_skips_ancestor": unlock_skips_ancestor,

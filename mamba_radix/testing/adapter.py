@@ -9,27 +9,34 @@ allocated) and the stamp a state slot holds (:mod:`mamba_radix.state_stamp`).
 
 Writing an adapter for another engine's cache
 ----------------------------------------------
-1. Build the cache and its pools from :class:`SuiteParams` in a factory ``f(params) -> adapter``. Ignore
-   knobs the cache does not have (say, ``eviction_order``) and list what it cannot do in
-   :attr:`CacheAdapter.capabilities` (``"requests"``, ``"cow"``, ``"extra_key"``, ``"faults"``); the machine
-   skips the rules that need a missing capability.
-2. ``insert``: allocate KV for the tokens and one state slot, write ``write_stamp(pool, slot,
-   fingerprint(tokens), len(tokens))`` into it (a stand-in for the model's forward), call the cache's insert,
-   return an :class:`InsertOutcome`; return ``None`` if memory could not be had even after eviction.
+README.md, section "Test your own cache", has a complete adapter for a toy cache in under 150 lines.
+
+1. Build the cache and its pools from :class:`SuiteParams` in a factory ``f(params) -> adapter``, and give
+   the machine a strategy of configurations your engine accepts (:func:`mamba_radix.testing.suite_params`
+   draws consistent ones; filter or map it through your engine's configurator). Declare in
+   :attr:`CacheAdapter.capabilities` what the cache can do and what it reports (:data:`CAPABILITIES`); the
+   machine skips the rules and checks that need a missing one.
+2. ``insert``: allocate KV for the tokens and one state slot, write the stamp of the tokens into the slot
+   (:func:`mamba_radix.testing.stamps.expected_stamp`: a stand-in for the model's forward; a
+   :class:`~mamba_radix.testing.stamps.StampStore` when the pools hold no state memory), call the cache's
+   insert, return an :class:`InsertOutcome`; ``None`` if memory could not be had even after eviction.
 3. ``match``: call the cache's lookup; with ``cow`` also let the cache copy the checkpoint into a fresh slot,
    read that slot's stamp into ``cow_stamp`` and give the slot back. A :class:`MatchOutcome` carries an
-   opaque ``node`` handle that ``lock``/``unlock`` accept.
+   opaque ``node`` handle that ``lock``/``unlock`` accept. Return ``None`` to refuse a copy-on-write match
+   the engine's scheduler would not make now (no slot could be had): nothing may change then.
 4. ``snapshot``: walk the tree from the root and report every resident page-aligned prefix with the KV
-   indices of its last page, every checkpoint with its slot, and the prefix every node ends at, keyed by the node's
-   ``id`` attribute (or ``id(node)`` if it has none), so locks can be named. Plus the cache's own
-   evictable/protected counters.
-5. ``ownership``: for KV and state slots, the indices held by the tree, by each running request and by the
-   fault injector, plus what the pool reports as allocated and free. The checks compare them; the adapter
-   only reports.
-6. Requests (optional, capability ``"requests"``): ``admit``/``prefill_chunk``/``decode``/``finish``
-   drive the engine protocol of ``docs/architecture.md`` and stamp states as a model would.
-7. Run :func:`mamba_radix.testing.machine.make_machine` with your factory and a :class:`SuiteParams`
-   strategy, and expose the resulting ``TestCase`` to pytest.
+   indices of its last page, every checkpoint with its slot, and the prefix every node ends at, keyed by
+   the node's ``id`` attribute (or ``id(node)`` if it has none), so locks can be named. Plus the cache's
+   own evictable/protected counters.
+5. ``ownership``: for KV, state slots and request rows, the indices held by the tree, by each running
+   request and by the fault injector, plus what the pool reports as allocated (``None`` if it cannot
+   list them: the checks then compare counts) and free. The checks compare them; the adapter only reports.
+6. Requests (capability ``"requests"``): ``admit``/``prefill_chunk``/``decode``/``finish`` drive the
+   engine's request protocol, with the engine's own admission control, and stamp states as a model would.
+7. Known engine bugs: recognise them and raise :class:`~mamba_radix.testing.known.KnownFailure`; the
+   machine counts them and discards the example.
+8. Run :func:`mamba_radix.testing.machine.make_machine` with your factory and params strategy, and expose
+   the resulting ``TestCase`` to pytest.
 
 Keys are ``(extra_key, tokens)`` pairs with ``tokens`` a tuple, so a snapshot is plain data and a failing
 run prints values that are valid Python.
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "CAPABILITIES",
     "AdmitOutcome",
     "CacheAdapter",
     "EvictOutcome",
@@ -63,6 +71,23 @@ Offer = tuple[Any, tuple[int, ...], tuple[int, ...], int]
 its row of KV indices (as it was *before* the cache call) and the first position that was its own."""
 
 
+CAPABILITIES: dict[str, str] = {
+    "requests": "admit / prefill_chunk / decode / finish / running / in_prefill are implemented",
+    "cow": "match(cow=True) copies the hit's state into a fresh slot",
+    "extra_key": "keys in separate namespaces (extra_key) never share prefixes",
+    "faults": "hold / release_holds / fail_next_allocs inject allocation failures",
+    "branching": "match reports mamba_branching_seqlen (SGLang's rule: KV match rounded to the grid)",
+    "full_kv_hit_len": "match reports full_kv_hit_len, the KV matched past the hit",
+    "exact_evict_report": "evict reports exactly the tokens and states that left the tree (without it: "
+    "never more than left)",
+    "partial_page_keys": "match accepts keys that end inside a page (without it the machine draws "
+    "page-aligned match keys)",
+    "eviction_totals": "eviction_totals() gives the tokens and states evicted so far, evictions inside "
+    "other calls included (enables the policy checks of the per-path cap)",
+}
+"""Capability names an adapter may declare, and what each promises."""
+
+
 @dataclass(frozen=True)
 class SuiteParams:
     """One configuration of the cache under test, drawn by the machine. Small on purpose: tiny pools make
@@ -73,14 +98,15 @@ class SuiteParams:
     ``state_chunk`` the prefill checkpoint grid before the lcm with the page size; ``prefill_chunk`` the
     chunked-prefill size; ``track_interval`` the decode checkpoint period; ``kv_only_leaves`` whether the
     cache keeps a deleted leaf's stateless ancestors as KV-only leaves (SGLang 0.5.23), so a tombstone
-    leaf is allowed.
+    leaf is allowed; ``max_states_per_path`` the soft per-path checkpoint cap (-1: none).
+
+    Only knobs every Mamba-aware radix cache of the SGLang family has; an engine's own knobs go into a
+    subclass (:class:`mamba_radix.testing.radix_adapter.RadixSuiteParams`), drawn by its own strategy.
     """
 
     page_size: int = 1
     strategy: str = "no_buffer"
     overlap: bool = False
-    eviction_order: str = "leaf_first"
-    lru_refresh: str = "node"
     max_states_per_path: int = -1
     kv_pages: int = 48
     state_slots: int = 12
@@ -112,7 +138,7 @@ class MatchOutcome:
     kv_indices: tuple[int, ...]
     node: Any
     slot: int | None
-    full_kv_hit_len: int
+    full_kv_hit_len: int | None  # None: the cache does not report it (capability "full_kv_hit_len")
     branching_seqlen: int | None
     cow_stamp: tuple[int, int] | None = None
     cow_skipped: bool = False  # no slot for the copy-on-write even after eviction: the hit was dropped
@@ -180,20 +206,28 @@ class Ownership:
     ``owners``: owner name (``"tree"``, ``"req 3"``, ``"fault"``...) -> the indices it holds, duplicates
     kept (a duplicate is a bug the checks report); ``allocated``: what the pool says is allocated;
     ``available``: what the pool says it can still hand out; ``capacity``: usable entries;
-    ``page_size``: ownership is checked per page (an index ``i`` lies in page ``i // page_size``).
+    ``page_size``: ownership is checked per page (an index ``i`` lies in page ``i // page_size``);
+    ``first_index``: the lowest index the pool hands out (default ``page_size``: page 0 is padding).
+    ``allocated=None``: the pool cannot list its allocations; conservation then compares counts only.
     """
 
     name: str
     owners: dict[str, list[int]]
-    allocated: list[int]
+    allocated: list[int] | None
     available: int
     capacity: int
     page_size: int = 1
+    first_index: int | None = None
 
 
 @runtime_checkable
 class CacheAdapter(Protocol):
-    """What the state machine needs from a cache. See the module docstring for how to write one."""
+    """What the state machine needs from a cache. See the module docstring for how to write one.
+
+    Optional members the machine looks for with ``getattr``: ``max_raw_locks`` (an int: the most locks
+    the machine may hold outside requests at once, for engines whose scheduler bounds them; default
+    unbounded) and ``eviction_totals()`` (capability ``"eviction_totals"``).
+    """
 
     params: SuiteParams
     capabilities: frozenset[str]
@@ -203,7 +237,10 @@ class CacheAdapter(Protocol):
         """Allocate KV and a stamped slot for ``tokens`` and insert them; ``None`` if memory ran out."""
         ...
 
-    def match(self, extra_key: Any, tokens: Sequence[int], cow: bool) -> MatchOutcome: ...
+    def match(self, extra_key: Any, tokens: Sequence[int], cow: bool) -> MatchOutcome | None:
+        """Look ``tokens`` up (with copy-on-write of the hit); ``None``: a copy-on-write match refused by
+        the engine's admission control, nothing changed."""
+        ...
 
     def lock(self, node: Any) -> None: ...
 
@@ -212,8 +249,11 @@ class CacheAdapter(Protocol):
     def evict(self, num_tokens: int, num_states: int) -> EvictOutcome: ...
 
     # ------------------------------------------------------------------------------------ requests
-    def admit(self, rid: int, extra_key: Any, input_ids: Sequence[int]) -> AdmitOutcome | None:
-        """Match, allocate and lock a new request; ``None`` (and nothing held) if it cannot be admitted."""
+    def admit(
+        self, rid: int, extra_key: Any, input_ids: Sequence[int], max_new_tokens: int | None = None
+    ) -> AdmitOutcome | None:
+        """Match, allocate and lock a new request that will decode at most ``max_new_tokens`` tokens
+        (its output KV can be reserved); ``None`` (and nothing held) if it cannot be admitted now."""
         ...
 
     def prefill_chunk(self, rid: int) -> list[Offer] | None:
@@ -254,8 +294,9 @@ class CacheAdapter(Protocol):
 
     def read_stamp(self, slot: int) -> tuple[int, int]: ...
 
-    def check_invariants(self) -> None:
-        """The cache's own structural check; raises on a violation."""
+    def check_invariants(self, idle: bool = False) -> None:
+        """The cache's own structural check; raises on a violation. ``idle``: no request runs and the
+        machine holds no lock, so nothing in the tree is locked (checks that assume it may run)."""
         ...
 
     def dump(self) -> str:

@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from mamba_radix.state_stamp import fingerprint
 from mamba_radix.testing.adapter import Key, Ownership, RunningView, TreeSnapshot
+from mamba_radix.testing.stamps import expected_stamp
 
 __all__ = [
     "SuiteViolation",
     "check_accounting",
+    "check_cap_policy",
     "check_conservation",
     "check_path_cap",
     "check_pools_full",
@@ -40,19 +41,17 @@ class SuiteViolation(AssertionError):
     """A conservation, accounting or state-content check failed."""
 
 
-def expected_stamp(tokens: tuple[int, ...]) -> tuple[int, int]:
-    """The stamp a state summarising ``tokens`` carries."""
-    return fingerprint(tokens), len(tokens)
-
-
 def check_conservation(own: Ownership) -> None:
     """Every allocated page is owned exactly once and every owned page is allocated. O(n log n).
 
     Ownership is compared per page (``index // page_size``): a request's partly filled last page belongs
     to it as a whole. Two owners of one page, an owned page the pool calls free, an allocated page nobody
-    owns (a leak), or a free count that does not add up raise :class:`SuiteViolation`.
+    owns (a leak), or a free count that does not add up raise :class:`SuiteViolation`. A pool that cannot
+    list its allocations (``allocated=None``) is checked by counts: owned pages plus free pages must be
+    the capacity (a leak leaves fewer, a page owned but free more).
     """
     ps = own.page_size
+    first = ps if own.first_index is None else own.first_index
     unit, one = ("pages", "page") if ps > 1 else ("entries", "entry")
     holder: dict[int, str] = {}
     problems: list[str] = []
@@ -63,7 +62,7 @@ def check_conservation(own: Ownership) -> None:
         if dup:
             problems.append(f"{own.name}: {name} holds {dup[:6]} twice")
         for i in counts:
-            if i < ps:  # page 0 (index 0 when unpaged) is the padding sink
+            if i < first:  # page 0 (index 0 when unpaged) is the padding sink
                 problems.append(f"{own.name}: {name} holds padding index {i}")
             page = i // ps
             if page in seen_here:
@@ -74,8 +73,19 @@ def check_conservation(own: Ownership) -> None:
                 problems.append(f"{own.name}: {one} {page} (index {i}) owned by both {other} and {name}")
             else:
                 holder[page] = name
-    allocated_pages = {int(i) // ps for i in own.allocated}
     owned_pages = set(holder)
+    capacity_pages = own.capacity // ps
+    available_pages = own.available // ps
+    if own.allocated is None:
+        if available_pages + len(owned_pages) != capacity_pages:
+            problems.append(
+                f"{own.name}: {available_pages} free + {len(owned_pages)} owned {unit} != capacity "
+                f"{capacity_pages} ({'a leak' if available_pages + len(owned_pages) < capacity_pages else 'owned but free'})"
+            )
+        if problems:
+            raise SuiteViolation("conservation: " + "; ".join(problems[:8]))
+        return
+    allocated_pages = {int(i) // ps for i in own.allocated}
     if owned_pages - allocated_pages:
         bad = sorted(owned_pages - allocated_pages)[:6]
         problems.append(
@@ -85,8 +95,6 @@ def check_conservation(own: Ownership) -> None:
         problems.append(
             f"{own.name}: {unit} {sorted(allocated_pages - owned_pages)[:6]} leaked (allocated, no owner)"
         )
-    capacity_pages = own.capacity // ps
-    available_pages = own.available // ps
     if available_pages + len(allocated_pages) != capacity_pages:
         problems.append(
             f"{own.name}: {available_pages} free + {len(allocated_pages)} allocated {unit} != capacity "
@@ -192,10 +200,7 @@ def check_path_cap(
     if cap < 0:
         return
     locked_prefixes = _prefixes_of(locked, page_size)
-    # children of a node ending at key = distinct next pages among resident prefixes
-    children: dict[Key, set[tuple[int, ...]]] = {}
-    for extra, toks in snap.kv:
-        children.setdefault((extra, toks[:-page_size]), set()).add(toks[-page_size:])
+    children = _children(snap, page_size)
     for tail in new_checkpoints:
         if tail not in snap.checkpoints:
             continue  # removed again in the same step (e.g. evicted): nothing to judge
@@ -215,6 +220,59 @@ def check_path_cap(
             )
 
 
+def _children(snap: TreeSnapshot, page_size: int) -> dict[Key, set[tuple[int, ...]]]:
+    """Prefix key -> the distinct next pages resident below it (the node's children, per page)."""
+    children: dict[Key, set[tuple[int, ...]]] = {}
+    for extra, toks in snap.kv:
+        children.setdefault((extra, toks[:-page_size]), set()).add(toks[-page_size:])
+    return children
+
+
+def check_cap_policy(
+    before: TreeSnapshot,
+    after: TreeSnapshot,
+    new_checkpoints: Iterable[Key],
+    cap: int,
+    locked: Iterable[Key],
+    page_size: int,
+) -> None:
+    """A step that evicted nothing removed only what the per-path cap may drop. O(removed x path).
+
+    Call it only when the cache's eviction totals did not move during the step. Then a checkpoint can only
+    have left through the cap, and the cap (SGLang PR #31230) drops a checkpoint only if all of these
+    hold: a cap is set; it lies on the root path of a checkpoint this step added; it is not a fork (the
+    node continues with exactly one page) and not in ``locked`` (locks held across the whole step); and
+    its KV stays (the node
+    becomes a tombstone). No KV prefix may leave either. A cap that drops forks, the new tail, a locked
+    checkpoint or KV passes the bound check (:func:`check_path_cap`) but not this one.
+    """
+    gone = [k for k in before.checkpoints if k not in after.checkpoints]
+    lost_kv = [k for k in before.kv if k not in after.kv]
+    problems: list[str] = []
+    if lost_kv:
+        problems.append(f"KV prefixes {lost_kv[:3]} left the tree although nothing was evicted")
+    if gone:
+        new = list(new_checkpoints)
+        locked_keys = set(locked)
+        children = _children(after, page_size)
+        for key in gone:
+            extra, toks = key
+            on_path = any(e == extra and len(t) > len(toks) and t[: len(toks)] == toks for e, t in new)
+            if cap < 0:
+                problems.append(f"checkpoint {key} left the tree: nothing was evicted and no cap is set")
+            elif not on_path:
+                problems.append(f"checkpoint {key} dropped, but it is on no path of a checkpoint added now")
+            elif len(children.get(key, ())) != 1:
+                problems.append(
+                    f"the per-path cap {cap} dropped checkpoint {key}, a fork ({len(children.get(key, ()))} "
+                    "children): forks are never dropped"
+                )
+            elif key in locked_keys:
+                problems.append(f"the per-path cap {cap} dropped checkpoint {key}, which was locked")
+    if problems:
+        raise SuiteViolation("cap policy: " + "; ".join(problems[:6]))
+
+
 def check_pools_full(records: Iterable[Ownership]) -> None:
     """After everything is released and evicted, every pool is entirely free."""
     for own in records:
@@ -222,5 +280,5 @@ def check_pools_full(records: Iterable[Ownership]) -> None:
         if own.available != own.capacity or own.allocated or held:
             raise SuiteViolation(
                 f"teardown: pool {own.name} has {own.available}/{own.capacity} free, allocated "
-                f"{sorted(own.allocated)[:6]}, still held: {held}"
+                f"{sorted(own.allocated or [])[:6]}, still held: {held}"
             )

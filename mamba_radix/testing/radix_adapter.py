@@ -14,8 +14,7 @@ of exactly the tokens whose KV the request holds (a model would otherwise contin
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ from mamba_radix.node import TreeNode
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
 from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from mamba_radix.request import Req
-from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
+from mamba_radix.state_stamp import read_stamp, write_stamp
 from mamba_radix.testing.adapter import (
     AdmitOutcome,
     EvictOutcome,
@@ -41,8 +40,10 @@ from mamba_radix.testing.adapter import (
     SuiteParams,
     TreeSnapshot,
 )
-from mamba_radix.testing.checks import SuiteViolation, expected_stamp
+from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.faults import CapacityHold, FailNextAllocs
+from mamba_radix.testing.params import suite_params
+from mamba_radix.testing.stamps import expected_stamp
 from mamba_radix.tree import RadixKey
 
 __all__ = ["MambaRadixAdapter", "RadixSuiteParams", "radix_params"]
@@ -53,12 +54,15 @@ _NO_SLOT = -1
 
 @dataclass(frozen=True)
 class RadixSuiteParams(SuiteParams):
-    """:class:`SuiteParams` plus the knobs only this cache has (the peers' policies, DESIGN.md §9):
+    """:class:`SuiteParams` plus the knobs only this cache has: ``eviction_order`` and ``lru_refresh``
+    (``mamba_eviction_order`` / ``mamba_lru_refresh``), the peers' policies (DESIGN.md §9):
     ``checkpoint_admission`` (``mamba_checkpoint_admission``), ``flop_weight`` and ``flop_crossover``
     (``mamba_flop_weight`` / ``mamba_flop_crossover``, used by ``eviction_order="flop_weighted"``),
     ``slot_headroom`` and ``decode_insert`` (``mamba_slot_headroom`` / ``mamba_decode_insert``, the SGLang
     release switches; ``kv_only_leaves`` is a :class:`SuiteParams` field). A plain :class:`SuiteParams` runs with the defaults."""
 
+    eviction_order: str = "leaf_first"
+    lru_refresh: str = "node"
     checkpoint_admission: str = "all"
     flop_weight: float = DEFAULT_FLOP_WEIGHT
     flop_crossover: int = DEFAULT_FLOP_CROSSOVER
@@ -72,40 +76,21 @@ def radix_params(
     strategies: Sequence[str] = ("no_buffer", "extra_buffer", "extra_buffer_lazy"),
     page_sizes: Sequence[int] = (1, 2, 4),
 ) -> SuiteParams:
-    """Valid, tiny configurations of :class:`MambaRadixCache` (rules of ``CacheConfig``: no_buffer needs
-    page size 1 and runs without overlap; lazy needs overlap; the track interval is a page multiple;
-    branch-and-end admission needs extra_buffer). The FLOP crossover is drawn down to a few tokens so
-    the quadratic term matters for these short sequences."""
-    strategy = draw(st.sampled_from(list(strategies)))
-    page = 1 if strategy == "no_buffer" else draw(st.sampled_from(list(page_sizes)))
-    overlap = {"no_buffer": False, "extra_buffer_lazy": True}.get(strategy)
-    if overlap is None:
-        overlap = draw(st.booleans())
-    per_request = CacheConfig(
-        page_size=page, mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap
-    ).slots_per_request
-    kv_tokens = draw(st.integers(12, 64))
+    """Valid, tiny configurations of :class:`MambaRadixCache`: :func:`suite_params` (the shared rules:
+    no_buffer needs page size 1 and runs without overlap; lazy needs overlap; the track interval is a
+    page multiple) plus this cache's own knobs (branch-and-end admission needs extra_buffer). The FLOP
+    crossover is drawn down to a few tokens so the quadratic term matters for these short sequences."""
+    base = draw(suite_params(strategies=strategies, page_sizes=page_sizes))
+    fields = {k: getattr(base, k) for k in SuiteParams.__dataclass_fields__}
     return RadixSuiteParams(
-        page_size=page,
-        strategy=strategy,
-        overlap=overlap,
+        **fields,
         eviction_order=draw(st.sampled_from(["leaf_first", "root_first", "mixed", "flop_weighted"])),
         lru_refresh=draw(st.sampled_from(["node", "path"])),
-        max_states_per_path=draw(st.sampled_from([-1, -1, 1, 2, 3])),
-        kv_pages=max(kv_tokens // page, 2),
-        state_slots=draw(st.integers(per_request, 3 * per_request + 4)),
-        req_rows=draw(st.integers(1, 3)),
-        state_chunk=draw(st.sampled_from([1, 2, 4])),
-        # a page multiple when paged: chunks then start on page boundaries, so checkpoints land on pages
-        prefill_chunk=draw(st.sampled_from([2, 3, 4, 6, 8])) if page == 1 else page * draw(st.integers(1, 3)),
-        track_interval=page * draw(st.integers(1, 3)),
-        # drawn last, so the draws above keep their meaning in saved examples
         checkpoint_admission="all"
-        if strategy == "no_buffer"
+        if base.strategy == "no_buffer"
         else draw(st.sampled_from(["all", "branch_and_end"])),
         flop_weight=draw(st.sampled_from([0.0, 0.5, 2.0, DEFAULT_FLOP_WEIGHT])),
         flop_crossover=draw(st.sampled_from([1, 4, DEFAULT_FLOP_CROSSOVER])),
-        kv_only_leaves=draw(st.booleans()),
         slot_headroom=draw(st.sampled_from(["exact", "per_chunk"])),
         decode_insert=draw(st.booleans()),
     )
@@ -114,7 +99,19 @@ def radix_params(
 class MambaRadixAdapter:
     """:class:`~mamba_radix.testing.adapter.CacheAdapter` for our cache, pools and engine protocol."""
 
-    capabilities = frozenset({"requests", "cow", "extra_key", "faults", "branching"})
+    capabilities = frozenset(
+        {
+            "requests",
+            "cow",
+            "extra_key",
+            "faults",
+            "branching",
+            "full_kv_hit_len",
+            "exact_evict_report",
+            "partial_page_keys",
+            "eviction_totals",
+        }
+    )
 
     def __init__(self, params: SuiteParams) -> None:
         self.params = params
@@ -125,8 +122,8 @@ class MambaRadixAdapter:
             mamba_track_interval=params.track_interval,
             mamba_cache_chunk_size=params.state_chunk,
             mamba_max_states_per_path=params.max_states_per_path,
-            mamba_eviction_order=params.eviction_order,  # type: ignore[arg-type]
-            mamba_lru_refresh=params.lru_refresh,  # type: ignore[arg-type]
+            mamba_eviction_order=getattr(params, "eviction_order", "leaf_first"),  # type: ignore[arg-type]
+            mamba_lru_refresh=getattr(params, "lru_refresh", "node"),  # type: ignore[arg-type]
             chunked_prefill_size=params.prefill_chunk,
             mamba_checkpoint_admission=getattr(params, "checkpoint_admission", "all"),  # type: ignore[arg-type]
             mamba_flop_weight=getattr(params, "flop_weight", DEFAULT_FLOP_WEIGHT),
@@ -165,19 +162,8 @@ class MambaRadixAdapter:
             c.mamba_evictable_size() + c.mamba_protected_size(),
         )
 
-    @contextmanager
-    def _no_state_faults(self) -> Iterator[None]:
-        """Admission with injected state-pool faults waits for the transactional HybridReqToTokenPool.alloc
-        (issue 11); capacity holds cover admission meanwhile."""
-        pending = self.state_faults.remaining
-        self.state_faults.disarm()
-        try:
-            yield
-        finally:
-            self.state_faults.arm(pending)
-
     def _stamp(self, slot: int, tokens: Sequence[int]) -> None:
-        write_stamp(self.mamba_pool, slot, fingerprint(tokens), len(tokens))
+        write_stamp(self.mamba_pool, slot, *expected_stamp(tuple(tokens)))
 
     def _row(self, req: Req, upto: int) -> tuple[int, ...]:
         assert req.req_pool_idx is not None
@@ -275,13 +261,15 @@ class MambaRadixAdapter:
         return EvictOutcome(res.num_tokens, res.num_states)
 
     # ------------------------------------------------------------------------------------ requests
-    def admit(self, rid: int, extra_key: Any, input_ids: Sequence[int]) -> AdmitOutcome | None:
+    def admit(
+        self, rid: int, extra_key: Any, input_ids: Sequence[int], max_new_tokens: int | None = None
+    ) -> AdmitOutcome | None:
         """:meth:`MambaRadixCache.admit`: match on ``input[:-1]`` with copy-on-write, lock, make room,
-        allocate, write the hit into the row; or refuse with nothing changed."""
+        allocate, write the hit into the row, reserve the output's KV; or refuse with nothing changed
+        (injected allocation faults included: the pools' allocation is transactional)."""
         req = Req(rid=rid, origin_input_ids=list(input_ids), extra_key=extra_key)
         skipped = self.cache.stats.cow_skipped
-        with self._no_state_faults():
-            admitted = self.cache.admit(req)
+        admitted = self.cache.admit(req, max_new_tokens)
         if not admitted:
             if req.mamba_pool_idx is not None or req.last_node is not None or req.req_pool_idx is not None:
                 raise SuiteViolation(
@@ -458,7 +446,11 @@ class MambaRadixAdapter:
     def read_stamp(self, slot: int) -> tuple[int, int]:
         return read_stamp(self.mamba_pool, slot)
 
-    def check_invariants(self) -> None:
+    def eviction_totals(self) -> tuple[int, int]:
+        """Tokens and states the cache's eviction removed so far (``CacheStats``)."""
+        return self.cache.stats.tokens_evicted, self.cache.stats.states_evicted
+
+    def check_invariants(self, idle: bool = False) -> None:
         """The cache's own check, plus the request pool's slot mirror against the requests' fields.
 
         The cache's request checks need every holder of memory and of locks, so the running requests are
@@ -466,6 +458,13 @@ class MambaRadixAdapter:
         request (neither of which the cache can know of).
         """
         complete = not (self.kv_hold.held or self.state_hold.held or self.raw_locks)
+        if idle and (self.reqs or self.raw_locks):
+            raise SuiteViolation(f"told the tree is idle, but {len(self.reqs)} requests run here")
+        if idle and (self.cache.full_protected_size() or self.cache.mamba_protected_size()):
+            raise SuiteViolation(
+                f"idle tree still protects {self.cache.full_protected_size()} tokens and "
+                f"{self.cache.mamba_protected_size()} states: a lock leaked"
+            )
         self.cache.check_invariants(list(self.reqs.values()) if complete else None)
         held = sorted(
             s

@@ -1,0 +1,72 @@
+"""Strategies of :class:`~mamba_radix.testing.adapter.SuiteParams`: tiny, consistent configurations.
+
+:func:`suite_params` draws the knobs every cache of the SGLang family has, consistently with the rules
+such caches share (no_buffer runs unpaged and without overlap scheduling, extra_buffer_lazy needs
+overlap; chunk sizes and the decode track interval are page multiples when paged), so an adapter gets
+only configurations its engine can build. An engine with its own rules narrows the choices with the
+arguments and, where a rule is its own, maps the draw through its configurator (``.filter``/``.map``),
+as :func:`mamba_radix.testing.sglang_adapter.sglang_params` does. Engine-only knobs are drawn by the
+engine's own strategy (:func:`mamba_radix.testing.radix_adapter.radix_params`).
+
+Tiny on purpose: 12-64 KV tokens and a few state slots make eviction, tombstones and slot exhaustion
+happen in almost every example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from mamba_radix.testing.adapter import SuiteParams
+
+__all__ = ["STRATEGIES", "slots_per_request", "suite_params"]
+
+STRATEGIES: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+
+
+def slots_per_request(strategy: str, overlap: bool) -> int:
+    """State slots SGLang sizes per running request (``_calculate_mamba_ratio``): 3 (the live slot and
+    checkpoint headroom), plus the ping-pong track buffer (2 with overlap scheduling, 1 without; lazy 1)."""
+    if strategy == "no_buffer":
+        return 3
+    if strategy == "extra_buffer_lazy":
+        return 4
+    return 5 if overlap else 4
+
+
+@st.composite
+def suite_params(
+    draw: st.DrawFn,
+    strategies: Sequence[str] = STRATEGIES,
+    page_sizes: Sequence[int] = (1, 2, 4),
+    caps: Sequence[int] = (-1, -1, 1, 2, 3),
+    kv_only_leaves: Sequence[bool] = (False, True),
+    kv_tokens: tuple[int, int] = (12, 64),
+    spare_slots: tuple[int, int] | None = None,
+) -> SuiteParams:
+    """A consistent :class:`SuiteParams`. ``strategies``/``page_sizes``/``caps``/``kv_only_leaves``: the
+    choices (pass a single one to fix a knob); ``kv_tokens``: the KV pool's range in tokens. State slots
+    range from one request's share (:func:`slots_per_request`) to three requests' worth plus four
+    checkpoints, or to the share plus ``spare_slots`` (a range) when given."""
+    strategy = draw(st.sampled_from(list(strategies)))
+    page = 1 if strategy == "no_buffer" else draw(st.sampled_from(list(page_sizes)))
+    overlap = {"no_buffer": False, "extra_buffer_lazy": True}.get(strategy)
+    if overlap is None:
+        overlap = draw(st.booleans())
+    per_request = slots_per_request(strategy, overlap)
+    tokens = draw(st.integers(*kv_tokens))
+    return SuiteParams(
+        page_size=page,
+        strategy=strategy,
+        overlap=overlap,
+        max_states_per_path=draw(st.sampled_from(list(caps))),
+        kv_pages=max(tokens // page, 2),
+        state_slots=per_request + draw(st.integers(*(spare_slots or (0, 2 * per_request + 4)))),
+        req_rows=draw(st.integers(1, 3)),
+        state_chunk=draw(st.sampled_from([1, 2, 4])),
+        # a page multiple when paged: chunks then start on page boundaries, so checkpoints land on pages
+        prefill_chunk=draw(st.sampled_from([2, 3, 4, 6, 8])) if page == 1 else page * draw(st.integers(1, 3)),
+        track_interval=page * draw(st.integers(1, 3)),
+        kv_only_leaves=draw(st.sampled_from(list(kv_only_leaves))),
+    )
