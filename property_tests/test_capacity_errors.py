@@ -187,3 +187,127 @@ def test_bad_workloads(tmp_path: Path) -> None:
         Workload.from_trace(tmp_path / "missing.jsonl")
     with pytest.raises(ConfigError, match=r"cached prefix 10 must be in \[0, input_len=10\)"):
         expected_checkpoints(CacheConfig(), 10, 5, cached_len=10)
+
+
+# ------------------------------------------------------------------- wrong types, non-finite, absurd sizes
+@pytest.mark.parametrize(
+    "args",
+    [("10", 1), (10, "1"), (1.5, 1), (True, 1), (None, 1), (float("inf"), 1), (2**31, 0), (10, 2**31)],
+    ids=["str-input", "str-output", "float", "bool", "none", "inf", "input-2^31", "output-2^31"],
+)
+def test_workload_lengths_must_be_ints_a_request_can_have(args: tuple[object, object]) -> None:
+    with pytest.raises(ConfigError, match=r"--input-len|--output-len"):
+        Workload.fixed(*args)  # type: ignore[arg-type]
+
+
+def test_absurd_lengths_are_refused_at_once_instead_of_looping() -> None:
+    """``plan --input-len 1e12`` looped over 10**9 chunks; ``--output-len 1e15`` built a huge list."""
+    with pytest.raises(ConfigError, match=r"above the 2,147,483,647 a request can have"):
+        Workload.fixed(10**12, 1)
+    with pytest.raises(ConfigError, match=r"above the 2,147,483,647"):
+        expected_checkpoints(CacheConfig(mamba_radix_cache_strategy="extra_buffer"), 10, 10**15)
+
+
+@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
+@pytest.mark.parametrize("chunk", [-1, 1, 100, 2048, 8192])
+@pytest.mark.parametrize(("input_len", "output_len", "cached"), [(1, 0, 0), (5000, 700, 0), (8193, 1, 4096)])
+def test_checkpoints_are_counted_in_closed_form_exactly(
+    strategy: str, chunk: int, input_len: int, output_len: int, cached: int
+) -> None:
+    from mamba_radix.capacity.planner import decode_checkpoint_positions, prefill_checkpoint_positions
+
+    config = CacheConfig(mamba_radix_cache_strategy=strategy, chunked_prefill_size=chunk)
+    count = expected_checkpoints(config, input_len, output_len, cached)
+    assert count.prefill == len(prefill_checkpoint_positions(config, input_len, cached))
+    assert count.decode == len(decode_checkpoint_positions(config, input_len, output_len))
+
+
+def test_a_request_of_2_31_minus_1_tokens_plans_in_constant_time() -> None:
+    import time
+
+    start = time.perf_counter()
+    count = expected_checkpoints(CacheConfig(mamba_radix_cache_strategy="extra_buffer"), 2**30, 2**30 - 1)
+    assert time.perf_counter() - start < 0.1 and count.decode > 4_000_000
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("inf"), float("nan"), "10", None, True, 2.0**21],
+    ids=["inf", "nan", "str", "none", "bool", "2^21"],
+)
+def test_memory_budget_must_be_a_finite_positive_number(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"--memory-budget-gb"):
+        MemoryBudget(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "args", [(float("inf"), 0.9, 1), ("80", 0.9, 1), (80, None, 1), (80, 0.9, float("nan"))]
+)
+def test_gpu_budget_inputs_must_be_finite_numbers(args: tuple[object, object, object]) -> None:
+    with pytest.raises(ConfigError):
+        MemoryBudget.from_gpu(*args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mamba_full_memory_ratio": float("inf")},
+        {"mamba_full_memory_ratio": "0.9"},
+        {"mamba_full_memory_ratio": 1e300},
+        {"budget": 40},
+        {"model": "qwen"},
+        {"parallelism": (1, 1)},
+        {"cache": "extra_buffer"},
+        {"max_total_tokens": 2**70},
+        {"enable_linear_replayssm_spec": "yes"},
+    ],
+)
+def test_sizing_inputs_of_the_wrong_type_or_size_are_config_errors(kwargs: dict[str, object]) -> None:
+    base: dict[str, object] = {
+        "model": QWEN,
+        "parallelism": Parallelism(1, 1),
+        "cache": CacheConfig(),
+        "budget": MemoryBudget(40.0),
+    }
+    with pytest.raises(ConfigError):
+        resolve_pools(SizingInputs(**{**base, **kwargs}))  # type: ignore[arg-type]
+
+
+def test_plan_arguments_of_the_wrong_type_are_config_errors() -> None:
+    from mamba_radix.capacity.planner import balance, compare_dcp, plan
+
+    inputs = SizingInputs(
+        model=QWEN, parallelism=Parallelism(1, 1), cache=CacheConfig(), budget=MemoryBudget(40.0)
+    )
+    workload = Workload.fixed(1000, 100)
+    resolution = resolve_pools(inputs)
+    for call in (
+        lambda: plan(inputs, "workload"),  # type: ignore[arg-type]
+        lambda: plan(inputs, workload, concurrency="4"),  # type: ignore[arg-type]
+        lambda: balance(None, workload),  # type: ignore[arg-type]
+        lambda: compare_dcp(resolution, workload, 0),  # was a ZeroDivisionError
+        lambda: resolve_pools(None),  # type: ignore[arg-type]
+        lambda: kv_token_bytes(None, Parallelism(), "auto"),  # type: ignore[arg-type]
+        lambda: Parallelism(2**70, 1),
+    ):
+        with pytest.raises(ConfigError):
+            call()
+
+
+def test_model_files_that_are_not_models_are_config_errors(tmp_path: Path) -> None:
+    for name, content in (("utf8", b"\xff\xfe"), ("deep", b"[" * 100_000 + b"]" * 100_000), ("list", b"[1]")):
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match=r"--model"):
+            load_model(str(path))
+    with pytest.raises(ConfigError, match=r"must hold one JSON object"):
+        model_from_dict([1])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"more than 100,000 layers"):
+        expand_layer_pattern("LF*1000000000000")  # was a MemoryError
+    with pytest.raises(ConfigError, match=r"must be a string"):
+        expand_layer_pattern(None)  # type: ignore[arg-type]
+
+
+def test_a_trace_path_that_is_a_folder_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"is a folder"):
+        Workload.from_trace(tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mamba_radix.errors import TraceFormatError
+from mamba_radix.errors import InvalidArgument, TraceFileError, TraceFormatError
 from mamba_radix.sim.ideal import BlockPrefixIdeal, TokenPrefixIdeal
 from mamba_radix.sim.synthetic import GENERATORS
 from mamba_radix.sim.traces import (
@@ -215,3 +215,155 @@ def test_token_arrays_equal_the_token_lists(tmp_path: Path) -> None:
         assert req.output_array().tolist() == req.output_ids
         assert req.input_array().dtype.name == req.output_array().dtype.name == "int64"
     assert expand_blocks_array([7, 8], 5, 4).tolist() == expand_blocks([7, 8], 5, 4)
+
+
+# ----------------------------------------------------------------------------------- block conventions
+def test_auto_convention_reads_mooncake_traces_as_ceil_exactly_as_before(tmp_path: Path) -> None:
+    rows = [r for _, r in zip(range(300), map(json.loads, CONVERSATION.open()), strict=False)]
+    path = _write(tmp_path, rows)
+    auto = list(iter_block_trace(path, limit=300))
+    ceil = list(iter_block_trace(path, limit=300, block_convention="ceil"))
+    assert [r.input_array().tolist() for r in auto] == [r.input_array().tolist() for r in ceil]
+    assert all(r.tail_len == 0 for r in auto)
+    assert scan_trace(path, block_convention="auto") == scan_trace(path, block_convention="ceil")
+    with pytest.raises(TraceFormatError, match="fits block_convention 'ceil', not 'floor'") as info:
+        list(iter_block_trace(path, block_convention="floor"))
+    assert (info.value.line, info.value.field) == (1, "hash_ids")
+
+
+def test_floor_convention_gives_the_untracked_tail_fresh_tokens(tmp_path: Path) -> None:
+    # one id per full block of 4; tails of 2 and 3 tokens carry no id
+    path = _write(tmp_path, [_block(0, 6, 1, [7]), _block(1, 7, 1, [7]), _block(2, 8, 1, [7, 9])])
+    a, b, c = list(iter_trace(path, block_size=4))
+    assert a.input_ids[:4] == b.input_ids[:4] == c.input_ids[:4] == [28, 29, 30, 31]
+    assert (len(a.input_ids), len(b.input_ids), c.input_ids[4:]) == (6, 7, [36, 37, 38, 39])
+    tails = a.input_ids[4:] + b.input_ids[4:]
+    assert len(set(tails)) == 5 and not set(tails) & set(c.input_ids)  # fresh: unique to each request
+    assert min(tails) > max(a.output_ids + b.output_ids + c.output_ids)  # not an output id either
+    for r in (a, b, c):
+        assert r.input_array().tolist() == r.input_ids
+    assert scan_trace(path, block_size=4).input_tokens == 21
+
+
+def test_floor_convention_accepts_a_short_input_without_ids(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_block(0, 3, 1, [])])
+    (r,) = list(iter_trace(path, block_size=4))
+    assert len(r.input_ids) == 3 and r.tail_len == 3
+
+
+@pytest.mark.parametrize(
+    ("rows", "line", "words"),
+    [
+        ([_block(0, 5, 1, [1, 2]), _block(1, 5, 1, [3])], 2, "line 1 fits only 'ceil'"),
+        # a whole number of blocks fits both and decides nothing
+        (
+            [_block(0, 8, 1, [1, 2]), _block(1, 5, 1, [3]), _block(2, 6, 1, [3, 4])],
+            3,
+            "line 2 fits only 'floor'",
+        ),
+        ([_block(0, 9, 1, [1])], 1, "needs ceil(9/4) = 3"),
+    ],
+)
+def test_a_file_fitting_neither_or_mixing_conventions_is_one_error_naming_the_line(
+    tmp_path: Path, rows: list[object], line: int, words: str
+) -> None:
+    path = _write(tmp_path, rows)
+    for load in (lambda: list(iter_trace(path, block_size=4)), lambda: scan_trace(path, block_size=4)):
+        with pytest.raises(TraceFormatError) as info:
+            load()
+        err = info.value
+        assert (err.path, err.line, err.field) == (str(path), line, "hash_ids")
+        assert words in str(err) and "\n" not in str(err)
+
+
+def test_block_ids_up_to_2_63_minus_1_expand_to_int64_tokens(tmp_path: Path) -> None:
+    big = 2**63 - 1
+    path = _write(
+        tmp_path, [_block(0, 8, 1, [big, 5]), _block(1, 8, 1, [big, 2**40]), _block(2, 8, 1, [5, big])]
+    )
+    a, b, c = list(iter_trace(path, block_size=4))
+    assert a.input_ids[:4] == b.input_ids[:4] == c.input_ids[4:]  # equal ids, equal tokens
+    assert a.input_ids[4:] == list(range(20, 24)) and b.input_ids[4:] != a.input_ids[4:]
+    assert max(a.input_ids + b.input_ids) <= 2**63 - 1
+    assert a.input_array().tolist() == a.input_ids
+    with pytest.raises(TraceFormatError, match="largest allowed"):
+        list(iter_trace(_write(tmp_path, [_block(0, 4, 1, [2**63])], "over.jsonl"), block_size=4))
+
+
+# ------------------------------------------------------------------------------ unreadable trace files
+@pytest.mark.parametrize(
+    ("content", "line", "words"),
+    [
+        (b'{"timestamp": 0, "input_ids": [1], "output_ids": []}\n{"x": "\xff\xfe"}\n', 2, "not UTF-8"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, 1, "binary file"),
+        (b"[" * 100_000 + b"]" * 100_000 + b"\n", 1, "nested too deeply"),
+        (b'{"timestamp": 0, "input_length": ' + b"9" * 5000 + b"}\n", 1, "invalid JSON value"),
+        (b'{"timestamp": 1e400, "input_ids": [1], "output_ids": []}\n', 1, "finite number"),
+        (
+            b'{"timestamp": 0, "input_ids": [1, 1180591620717411303424], "output_ids": []}\n',
+            1,
+            "largest allowed",
+        ),
+    ],
+)
+def test_unreadable_rows_are_trace_format_errors_with_file_and_line(
+    tmp_path: Path, content: bytes, line: int, words: str
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError) as info:
+        list(iter_trace(path, fmt="token" if b"input_ids" in content else "auto"))
+    assert (info.value.path, info.value.line) == (str(path), line)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_folder_or_a_missing_file_is_a_trace_file_error(tmp_path: Path) -> None:
+    for path, words in ((tmp_path, "is a folder"), (tmp_path / "nope.jsonl", "no such file")):
+        for load in (
+            lambda p=path: list(iter_trace(p)),
+            lambda p=path: scan_trace(p),
+            lambda p=path: detect_format(p),
+        ):
+            with pytest.raises(TraceFileError, match=words) as info:
+                load()
+            assert isinstance(info.value, OSError) and info.value.line == 0
+    with pytest.raises(TraceFileError, match="cannot be written"):
+        write_token_trace([], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"block_size": 0},
+        {"block_size": 1.5},
+        {"block_size": 2**20},
+        {"limit": -1},
+        {"block_convention": "round"},
+    ],
+)
+def test_bad_loader_arguments_are_refused_at_the_call(tmp_path: Path, kwargs: dict[str, object]) -> None:
+    path = tmp_path / "never-read.jsonl"  # does not exist: the arguments are refused before any read
+    with pytest.raises(InvalidArgument):
+        iter_block_trace(path, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        scan_trace(path, "block", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("chat", {"seed": -1}),
+        ("chat", {"vocab": 0}),
+        ("chat", {"turns": 1.5}),
+        ("chat", {"session_rate_per_s": 0}),
+        ("chat", {"output_len": 10**12}),
+        ("tree", {"depth": 50}),
+        ("agent", {"steps": 10**9}),
+        ("system-prompt", {"num_prompts": 0}),
+    ],
+)
+def test_synthetic_generators_refuse_bad_or_huge_arguments_at_once(
+    name: str, kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidArgument):
+        GENERATORS[name](**kwargs)
