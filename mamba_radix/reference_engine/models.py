@@ -28,7 +28,8 @@ Tolerance (:data:`LOGIT_ATOL`): see its comment. Everything runs in fp32 on the 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,12 +78,36 @@ class _LayerMap:
     linear: tuple[int, ...]
 
 
+@contextmanager
+def _torch_threads(num_threads: int | None) -> Iterator[None]:
+    """Run the block with ``num_threads`` torch threads (``None``: as set), restoring the setting after."""
+    if num_threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class HybridModel:
     """A transformers hybrid causal LM (Kimi Linear or Qwen3-Next), eval mode, fp32, with the pool shapes
     its caches need. Build one with :func:`tiny_kimi_linear` / :func:`tiny_qwen3_next`, or wrap any
-    ``KimiLinearForCausalLM`` / ``Qwen3NextForCausalLM`` yourself."""
+    ``KimiLinearForCausalLM`` / ``Qwen3NextForCausalLM`` yourself.
 
-    def __init__(self, model: Any) -> None:
+    ``num_threads``: torch threads for this model's forwards, restored after each (``None``: leave
+    torch's setting). The tiny models use 1: their ops are so small that a thread pool only adds
+    synchronisation (100x slower on a busy 2-core machine, measured).
+    """
+
+    def __init__(self, model: Any, num_threads: int | None = None) -> None:
+        if num_threads is not None and (
+            isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1
+        ):
+            raise InvalidArgument(f"num_threads must be None or an int >= 1, got {num_threads!r}")
+        self.num_threads = num_threads
         config = model.config
         if config.model_type not in ("kimi_linear", "qwen3_next"):
             raise InvalidArgument(
@@ -196,6 +221,24 @@ class HybridModel:
             raise InvalidArgument("pass track_len and track_slot together (or neither)")
         if track_len is not None and not start < track_len <= end:
             raise InvalidArgument(f"track_len {track_len} must lie in ({start}, {end}]")
+        with _torch_threads(self.num_threads):
+            return self._span(
+                pools, token_ids, start, prefix_kv, new_kv, read_slot, write_slot, track_len, track_slot
+            )
+
+    def _span(
+        self,
+        pools: HybridLinearKVPool,
+        token_ids: Sequence[int],
+        start: int,
+        prefix_kv: torch.Tensor,
+        new_kv: torch.Tensor,
+        read_slot: int,
+        write_slot: int,
+        track_len: int | None,
+        track_slot: int | None,
+    ) -> torch.Tensor:
+        n = len(token_ids)
         state = SlotState.gather(self, pools.mamba_pool, read_slot)
         if start == 0 and not state.is_zero():
             # The kernels ignore the state at position 0 (as SGLang's do without an initial state), so a
@@ -243,7 +286,8 @@ class HybridModel:
     def reference_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """A plain transformers forward of the whole sequence from scratch, no cache: ``[len, vocab]``."""
         ids = torch.as_tensor(list(token_ids), dtype=torch.int64)[None]
-        return self.model(input_ids=ids, use_cache=False).logits[0]
+        with _torch_threads(self.num_threads):
+            return self.model(input_ids=ids, use_cache=False).logits[0]
 
 
 class SlotState:
@@ -420,7 +464,7 @@ def tiny_kimi_linear(seed: int = 0, vocab_size: int = 128) -> HybridModel:
         attn_implementation="eager",
     )
     torch.manual_seed(seed)
-    return HybridModel(transformers.KimiLinearForCausalLM(config).float())
+    return HybridModel(transformers.KimiLinearForCausalLM(config).float(), num_threads=1)
 
 
 def tiny_qwen3_next(seed: int = 0, vocab_size: int = 128) -> HybridModel:
@@ -449,7 +493,7 @@ def tiny_qwen3_next(seed: int = 0, vocab_size: int = 128) -> HybridModel:
         attn_implementation="eager",
     )
     torch.manual_seed(seed)
-    return HybridModel(transformers.Qwen3NextForCausalLM(config).float())
+    return HybridModel(transformers.Qwen3NextForCausalLM(config).float(), num_threads=1)
 
 
 def tiny_model(family: str, seed: int = 0) -> HybridModel:
