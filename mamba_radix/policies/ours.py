@@ -1,0 +1,240 @@
+"""Our online policy, **Sift**: learn which kinds of checkpoints get hit, demote the superseded ones.
+
+SGLang keeps every checkpoint a request hands over and evicts them in LRU order. On real traces most of
+them are never hit again (of 6,471 checkpoints the first 2,000 Mooncake conversation requests create,
+314 are ever the end of a later hit), and LRU gives them the same lifetime as the useful ones. Sift
+changes two things and keeps LRU inside each class:
+
+1. **Kinds, learned online.** Each hand-over gets a kind from where it lands: ``branch`` (the branch
+   point a KV match found), ``end`` (the prompt's last aligned position), ``mid`` (an earlier prefill
+   chunk) or ``decode`` (a decode boundary, handed over at finish). For every kind Sift counts the
+   checkpoints created and those hit at least once (a hit re-stamps the node: the policy sees the new
+   stamp when its key is re-derived). The hit ratio ``(hits + 1) / (created + 2)`` of a kind is its
+   learned value. Admission declines a kind whose ratio is below ``min_rate`` after ``min_evidence``
+   checkpoints, except every ``explore_every``-th one, so that the estimate can recover. On the
+   Mooncake block traces ``decode`` checkpoints are never hit (outputs are fresh tokens) and are soon
+   declined; on multi-turn chat (replies re-sent) they are the most useful kind and stay.
+2. **Supersession (an adaptive per-path cap).** When a new checkpoint lands below an older one on a
+   path without a fork in between, the older ones are *superseded*: a later request sharing the path hits
+   the newer, deeper one, so the older is useful only to a request that branches in between. A
+   superseded checkpoint is evicted before any other (LRU among them), and a hit on it (it turned out to
+   be a branch point) lifts it back. Unlike SGLang's per-path cap (PR #31230) nothing is dropped while
+   slots are free: the cap adapts to the pressure. A kind of lower value never supersedes one of higher
+   value (a ``decode`` checkpoint below an ``end`` one on a block trace).
+
+Eviction keys ``(class, stamp, -depth, id)``: class 0 superseded, 1 a kind worth less than
+``low_ratio`` of the best kind's ratio, 2 the rest; stamp is the checkpoint's LRU stamp. KV leaves: a
+leaf without a checkpoint first when ``kv_only_first`` (KV past the deepest state is never a hit; the
+price is the branch points such KV shows), then leaves by their checkpoint's class, LRU inside.
+
+Costs: O(1) per key plus O(path) per new checkpoint (the supersession walk); every ``rekey_every``
+admissions the keys of every checkpoint are re-derived (the learned ratios moved), O(n log n).
+Online: nothing here looks at the future; ``req.rid`` is only used to count admissions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from mamba_radix.policy import CachePolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.eviction import EvictionIndex
+    from mamba_radix.node import TreeNode
+    from mamba_radix.request import Req
+
+__all__ = ["KINDS", "Sift", "checkpoint_kind"]
+
+KINDS: tuple[str, ...] = ("branch", "end", "mid", "decode", "other")
+
+
+def checkpoint_kind(req: Req, seq_len: int, grid: int) -> str:
+    """Where a hand-over of ``req`` at ``seq_len`` lands: ``decode`` (past the prompt), ``branch`` (at the
+    branch point its match found), ``end`` (within ``grid`` tokens of the prompt's end) or ``mid``. O(1)."""
+    input_len = len(req.origin_input_ids)
+    if seq_len > input_len:
+        return "decode"
+    if req.mamba_branching_seqlen == seq_len:
+        return "branch"
+    if input_len - seq_len < grid:
+        return "end"
+    return "mid"
+
+
+@dataclass
+class _Record:
+    node: TreeNode
+    slot: int
+    kind: str
+    stamp: int
+    hit: bool = False
+    superseded: bool = False
+
+
+class Sift(CachePolicy):
+    """Learned kind-aware admission and supersession-aware LRU (see the module docstring)."""
+
+    name: ClassVar[str] = "sift"
+
+    def __init__(
+        self,
+        *,
+        min_rate: float = 0.05,
+        min_evidence: int = 16,
+        explore_every: int = 32,
+        low_ratio: float = 0.25,
+        rekey_every: int = 128,
+        kv_only_first: bool = True,
+        supersede: bool = True,
+        learn_admission: bool = True,
+    ) -> None:
+        super().__init__()
+        self.min_rate = min_rate
+        self.min_evidence = min_evidence
+        self.explore_every = explore_every
+        self.low_ratio = low_ratio
+        self.rekey_every = rekey_every
+        self.kv_only_first = kv_only_first
+        self.supersede = supersede
+        self.learn_admission = learn_admission
+        self.created = dict.fromkeys(KINDS, 0)
+        self.hits = dict.fromkeys(KINDS, 0)
+        self.evicted_unhit = dict.fromkeys(KINDS, 0)
+        # supersession, learned the same way: superseded checkpoints later hit / evicted unhit
+        self.superseded_hits = 0
+        self.superseded_evicted = 0
+        self.declined = dict.fromkeys(KINDS, 0)
+        self._rec: dict[int, _Record] = {}
+        self._pending: tuple[int, str] | None = None
+        self._dirty: list[TreeNode] = []
+        self._admissions = 0
+
+    # -------------------------------------------------------------------------------------- learning
+    def resolved(self, kind: str) -> int:
+        """Checkpoints of ``kind`` whose fate is known: hit at least once, or evicted unhit. O(1)."""
+        return self.hits[kind] + self.evicted_unhit[kind]
+
+    def rate(self, kind: str) -> float:
+        """The learned hit ratio of ``kind``: (hit + 1) / (resolved + 2), the chance that a checkpoint of
+        this kind is hit before it is evicted under the current pressure (Laplace-smoothed). O(1)."""
+        return (self.hits[kind] + 1) / (self.resolved(kind) + 2)
+
+    def superseded_rate(self) -> float:
+        """The same ratio for superseded checkpoints (hit again / evicted while superseded). O(1)."""
+        return (self.superseded_hits + 1) / (self.superseded_hits + self.superseded_evicted + 2)
+
+    def _best_rate(self) -> float:
+        rates = [self.rate(k) for k in KINDS if self.resolved(k) >= self.min_evidence]
+        return max(rates, default=0.0)
+
+    def _evicted(self, node: TreeNode | None) -> None:
+        """``node`` is the next victim (its checkpoint goes): count it unhit if it was never hit."""
+        if node is None or node.mamba_slot is None:
+            return
+        rec = self._rec.pop(node.id, None)
+        if rec is None or rec.slot != node.mamba_slot:
+            return
+        if rec.superseded:
+            self.superseded_evicted += 1
+        if not rec.hit:
+            self.evicted_unhit[rec.kind] += 1
+
+    def _observe(self, node: TreeNode) -> _Record:
+        """Bring ``node``'s record up to date: a new checkpoint (counted, supersedes its ancestor) or a
+        re-stamped one (a hit). O(1), O(path) for a new checkpoint."""
+        rec = self._rec.get(node.id)
+        slot = node.mamba_slot
+        assert slot is not None
+        if rec is None or rec.slot != slot:
+            pending = self._pending
+            kind = pending[1] if pending is not None and pending[0] == node.depth else "other"
+            self._pending = None
+            rec = _Record(node, slot, kind, node.mamba_last_access)
+            self._rec[node.id] = rec
+            self.created[kind] += 1
+            if self.supersede:
+                self._supersede_above(node, kind)
+        elif node.mamba_last_access != rec.stamp:
+            rec.stamp = node.mamba_last_access
+            if not rec.hit:
+                rec.hit = True
+                self.hits[rec.kind] += 1
+            if rec.superseded:
+                self.superseded_hits += 1
+            rec.superseded = False
+        return rec
+
+    def _supersede_above(self, node: TreeNode, kind: str) -> None:
+        x = node.parent
+        while x is not None and not x.is_root:
+            if len(x.children) > 1:
+                return  # a fork: the checkpoints above serve several branches
+            if x.mamba_slot is not None:
+                rec = self._rec.get(x.id)
+                if rec is not None and rec.slot == x.mamba_slot and not rec.superseded:
+                    if self.rate(kind) < self.rate(rec.kind):
+                        return  # a more valuable kind: it, and what it shields above, stay
+                    rec.superseded = True
+                    self._dirty.append(x)
+            x = x.parent
+
+    def _class(self, rec: _Record) -> int:
+        best = self._best_rate()
+        if rec.superseded and self.superseded_rate() < self.low_ratio * best:
+            return 0
+        if self.rate(rec.kind) < self.low_ratio * best:
+            return 1
+        return 2
+
+    # ------------------------------------------------------------------------------------------ keys
+    def mamba_key(self, node: TreeNode) -> tuple[int, ...]:
+        rec = self._observe(node)
+        return (self._class(rec), node.mamba_last_access, -node.depth, node.id)
+
+    def full_key(self, node: TreeNode) -> tuple[int, ...]:
+        if node.mamba_slot is None:
+            first = 0 if self.kv_only_first else 3
+            return (first, node.last_access, -node.depth, node.id)
+        rec = self._observe(node)
+        return (1 + self._class(rec), node.last_access, -node.depth, node.id)
+
+    def _flush(self) -> None:
+        if self._dirty:
+            dirty, self._dirty = self._dirty, []
+            self.rekey(dirty)
+
+    def pick_mamba_victim(self, index: EvictionIndex) -> TreeNode | None:
+        self._flush()
+        victim = index.first_mamba()
+        self._evicted(victim)
+        return victim
+
+    def pick_full_victim(self, index: EvictionIndex) -> TreeNode | None:
+        self._flush()
+        victim = index.first_full()
+        self._evicted(victim)
+        return victim
+
+    # ------------------------------------------------------------------------------------- admission
+    def on_admit(self, req: Req) -> None:
+        self._flush()
+        self._admissions += 1
+        if self._admissions % self.rekey_every == 0 and self.tree is not None:
+            live = [r.node for r in self._rec.values() if r.node.mamba_slot == r.slot]
+            self._rec = {r.node.id: r for r in self._rec.values() if r.node.mamba_slot == r.slot}
+            self.rekey(live)
+
+    def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
+        assert self.tree is not None
+        kind = checkpoint_kind(req, seq_len, self.tree.config.mamba_checkpoint_grid)
+        if (
+            self.learn_admission
+            and self.resolved(kind) >= self.min_evidence
+            and self.rate(kind) < self.min_rate
+        ):
+            self.declined[kind] += 1
+            if self.declined[kind] % self.explore_every:
+                return False
+        self._pending = (seq_len, kind)
+        return True

@@ -1,0 +1,215 @@
+"""The policy registry (:data:`POLICIES`): every policy the experiment compares, by name, with what it
+models and what it does not, and :func:`run_policy` to replay a trace under one of them.
+
+A policy is a config (the SGLang release preset it starts from, plus its own knobs) and optionally a
+:class:`~mamba_radix.policy.CachePolicy` object. Offline ones (``oracle``) and tuned ones (``marconi``) need
+the trace: they get a :class:`PolicyContext` (the requests, the pools, memoised pre-passes).
+
+Equal memory: every policy of a comparison runs on the same :class:`~mamba_radix.sim.budget.PoolSizes`
+(the same bytes split the same way), with the same buffer strategy, so the slots per running request and
+the pool sizes are equal; only eviction and admission differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mamba_radix.config import CacheConfig
+from mamba_radix.errors import ConfigError
+from mamba_radix.peers import apply_peer
+from mamba_radix.policies.future import FutureIndex, demand_hits
+from mamba_radix.policies.marconi import Marconi, marconi_config, tune_alpha
+from mamba_radix.policies.oracle import Oracle
+from mamba_radix.policies.ours import Sift
+from mamba_radix.policies.thinning import CoverageThinning
+from mamba_radix.policies.vllm_sparse import SparseRetention
+from mamba_radix.policy import CachePolicy
+from mamba_radix.sim.budget import PoolSizes
+from mamba_radix.sim.traces import TraceRequest
+
+__all__ = ["POLICIES", "PolicyContext", "PolicySpec", "policy_names", "run_policy"]
+
+# Marconi's warm-up prefix: this fraction of the trace (at least MIN_WARMUP requests)
+WARMUP_FRACTION = 0.2
+MIN_WARMUP = 10
+
+
+@dataclass
+class PolicyContext:
+    """What offline and tuned policies may know: the whole trace and the pools of the run.
+
+    ``demands``: the infinite-capacity hits (:func:`demand_hits`) if already known (one pass per workload
+    and config, shared by every run of an experiment); computed on first use otherwise.
+    """
+
+    requests: Sequence[TraceRequest]
+    pools: PoolSizes
+    model: str = "kimi-k3"
+    demands: dict[CacheConfig, list[int]] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)  # what a policy chose (marconi's alpha), for results
+
+    def future(self, config: CacheConfig) -> FutureIndex:
+        """The future-use index of the trace under ``config`` (its demand pass is memoised). O(trace)."""
+        hits = self.demands.get(config)
+        if hits is None:
+            hits = demand_hits(config, self.requests, self.model)
+            self.demands[config] = hits
+        return FutureIndex(self.requests, hits, config.mamba_checkpoint_grid)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One comparable policy: ``configure(base)`` gives its config, ``make(config, context)`` its policy
+    object (``None``: the config alone). ``family``: ``sglang``, ``peer``, ``ours`` or ``offline``."""
+
+    name: str
+    family: str
+    description: str
+    equivalence: str
+    configure: Callable[[CacheConfig], CacheConfig]
+    make: Callable[[CacheConfig, PolicyContext], CachePolicy | None] = lambda config, ctx: None
+
+
+def _preset(name: str) -> Callable[[CacheConfig], CacheConfig]:
+    return lambda base: apply_peer(base, name)
+
+
+def _current(base: CacheConfig) -> CacheConfig:
+    return apply_peer(base, "sglang-0.5.23")
+
+
+def _make_marconi(config: CacheConfig, ctx: PolicyContext) -> CachePolicy:
+    warmup = ctx.requests[: max(MIN_WARMUP, int(len(ctx.requests) * WARMUP_FRACTION))]
+    alpha, saved = tune_alpha(config, ctx.pools, warmup)
+    ctx.notes["marconi_alpha"] = alpha
+    ctx.notes["marconi_flops_saved_by_alpha"] = saved
+    return Marconi(
+        alpha, ctx.pools.bytes_per_kv_token, ctx.pools.bytes_per_state_slot, config.mamba_flop_crossover
+    )
+
+
+def _make_oracle(config: CacheConfig, ctx: PolicyContext) -> CachePolicy:
+    return Oracle(ctx.future(config))
+
+
+POLICIES: dict[str, PolicySpec] = {
+    spec.name: spec
+    for spec in (
+        PolicySpec(
+            "sglang-0.5.20",
+            "sglang",
+            "SGLang 0.5.20's MambaRadixCache: LRU over checkpoints (leaf-first ties), 3 free slots before "
+            "every prefill chunk, stateless ancestors deleted with a leaf.",
+            "Per request identical to SGLang's own cache in sequential replay (experiments/sglang_parity.py).",
+            _preset("sglang-0.5.20"),
+        ),
+        PolicySpec(
+            "sglang-0.5.23",
+            "sglang",
+            "SGLang 0.5.23's UnifiedRadixCache, the current release and the baseline: LRU, exact-slot "
+            "eviction, KV-only leaves.",
+            "As sglang-0.5.20 (mamba_radix.peers).",
+            _current,
+        ),
+        PolicySpec(
+            "sglang-cap3",
+            "peer",
+            "SGLang 0.5.23 with the per-path cap of PR #31230 at 3 (the PR's benchmark setting): after an "
+            "insert, a path's shallowest checkpoints beyond 3 are dropped (not the tail, forks or locked).",
+            "The cap is SGLang's rule (tree._enforce_path_cap); the value 3 is the PR's benchmark choice.",
+            lambda base: _current(base).replace(mamba_max_states_per_path=3),
+        ),
+        PolicySpec(
+            "thinning",
+            "peer",
+            "SGLang's coverage thinning (open PR #38000): the victim is the checkpoint whose removal "
+            "merges the smallest gap on its chain; locks, forks, reused states and chain tails stay.",
+            "See mamba_radix.policies.thinning: no session pins; thins globally.",
+            _current,
+            lambda config, ctx: CoverageThinning(),
+        ),
+        PolicySpec(
+            "vllm-sparse",
+            "peer",
+            "vLLM's sparse retention at prefix_cache_retention_interval=0: only the latest replay boundary, "
+            "shared-prefix junctions and prompt ends are kept; LRU.",
+            "See mamba_radix.policies.vllm_sparse: our 64-token grid, two pools, interval 0 only.",
+            _current,
+            lambda config, ctx: SparseRetention(),
+        ),
+        PolicySpec(
+            "marconi",
+            "peer",
+            "Marconi (MLSys'25): branch-and-end admission, utility norm(recency) + alpha * norm(FLOP "
+            "efficiency) renormalised at every eviction, alpha by grid search on the first 20% of the trace.",
+            "See mamba_radix.policies.marconi: tombstones instead of merges, coarser alpha grid, offline "
+            "warm-up replay instead of an online bootstrap window, our grid positions.",
+            lambda base: marconi_config(_current(base)),
+            _make_marconi,
+        ),
+        PolicySpec(
+            "sift",
+            "ours",
+            "Ours: learned kind-aware admission (branch / prompt end / mid-prefill / decode, each kind's "
+            "hit ratio learned online) and supersession-aware LRU (an older checkpoint on a fork-free path "
+            "below which a newer one landed goes first, unless such checkpoints prove to be hit).",
+            "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
+            _current,
+            lambda config, ctx: Sift(),
+        ),
+        PolicySpec(
+            "oracle",
+            "offline",
+            "Offline reference: Belady's MIN over checkpoints and KV leaves with oracle admission (a "
+            "hand-over is kept only if a later request uses it, or its KV shows a later demand's branch).",
+            "Optimal only for one equal-value demand per request, sequential, KV not binding (see "
+            "mamba_radix.policies.oracle); a strong reference elsewhere.",
+            _current,
+            _make_oracle,
+        ),
+    )
+}
+
+
+def policy_names(family: str | None = None) -> list[str]:
+    """Registered names, in registry order (optionally one family's)."""
+    return [n for n, s in POLICIES.items() if family is None or s.family == family]
+
+
+def run_policy(
+    name: str,
+    base: CacheConfig,
+    ctx: PolicyContext,
+    *,
+    mode: str = "sequential",
+    on_finish: Callable[[int], None] | None = None,
+    verify_states: bool = False,
+) -> dict[str, Any]:
+    """Replay ``ctx.requests`` under policy ``name`` on ``ctx.pools`` and return its summary: the token hit
+    rate, the ideal, the cache's counters and what the policy chose. Raises :class:`ConfigError` for an
+    unknown name. Side effects: none outside the process. Cost: one simulator run (plus the policy's
+    pre-passes: the oracle's demand run, Marconi's warm-up grid)."""
+    from mamba_radix.sim.engine import Engine, EngineOptions
+
+    spec = POLICIES.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    config = spec.configure(base)
+    policy = spec.make(config, ctx)
+    requests = ctx.requests
+    max_len = max(r.input_len + r.output_len for r in requests)
+    options = EngineOptions(mode=mode, verify_states=verify_states)  # type: ignore[arg-type]
+    engine = Engine(config, ctx.pools, max_len, options, policy=policy)
+    if isinstance(policy, Oracle):
+        policy.cache = engine.cache
+    metrics = engine.run(requests, total=len(requests), on_finish=on_finish)
+    summary = metrics.summary()
+    return {
+        "policy": name,
+        "token_hit_rate": summary["token_hit_rate"],
+        "ideal_hit_rate": summary["ideal_hit_rate"],
+        "stats": engine.cache_stats(),
+        "notes": dict(ctx.notes),
+    }
