@@ -327,18 +327,20 @@ class MambaRadixCache(RequestLifecycle):
         return self._insert(self._as_key(key, None), kv_indices, mamba_slot, prev_prefix_len)[0]
 
     def _insert(
-        self,
-        key: RadixKey,
-        kv_indices: torch.Tensor,
-        mamba_slot: int,
-        prev_prefix_len: int,
-        *,
-        check: bool = True,
+        self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
     ) -> tuple[InsertResult, TreeInsert]:
-        """:meth:`insert`; ``check=False`` when the caller (the lifecycle) validated the KV already."""
-        if check:
-            self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
-        done = self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len)
+        self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
+        return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
+
+    def _insert_below(
+        self, node: TreeNode, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int
+    ) -> tuple[InsertResult, TreeInsert]:
+        """``node``'s prefix followed by ``key``, walking from ``node`` (:meth:`RadixTree.insert_below`):
+        the lifecycle's hand-over, O(new tokens). The caller validated the KV and the slot."""
+        return self._settle_insert(self.tree.insert_below(node, key, kv_indices, mamba_slot))
+
+    def _settle_insert(self, done: TreeInsert) -> tuple[InsertResult, TreeInsert]:
+        """Free what an insert returned (duplicate KV, capped checkpoints) and count it."""
         if done.duplicate_kv.numel():
             self.token_to_kv_pool_allocator.free(done.duplicate_kv)
         if done.capped_slots:

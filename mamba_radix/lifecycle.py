@@ -35,7 +35,7 @@ for a resource shortage, raises :class:`~mamba_radix.errors.InvalidArgument` for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -95,10 +95,13 @@ def _check_count(value: object, what: str, minimum: int) -> int:
 
 
 def _check_token_list(tokens: object, what: str) -> None:
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tokens
-    ):
+    """A list of ints in int64 range. O(len), at C speed (``array`` refuses floats, None and overflow)."""
+    if not isinstance(tokens, list):
         raise InvalidArgument(f"{what} must be a list of int token ids, got {type(tokens).__name__}")
+    try:
+        array("q", tokens)
+    except (TypeError, OverflowError) as exc:
+        raise InvalidArgument(f"{what} must hold int token ids in int64 range: {exc}") from None
 
 
 class RequestLifecycle:
@@ -437,13 +440,14 @@ class RequestLifecycle:
         cache_len = self._admitted(req, self._checkpoint_len(req, "cache_unfinished_req"))
         protected = req.cache_protected_len
         if cache_len is not None and cache_len > protected:
-            kv = row[:cache_len].to(torch.int64)
-            self._check_request_kv(req, kv[protected:], "cache_unfinished_req")
-            self._insert_checkpoint(req, kv, cache_len)
+            new_kv = row[protected:cache_len].to(torch.int64)
+            self._check_request_kv(req, new_kv, "cache_unfinished_req")
+            self._insert_checkpoint(req, new_kv, cache_len)
         req.mamba_last_track_seqlen = None
-        req.prefix_indices = row[: req.kv_len].to(torch.int64)
 
-    def _insert_checkpoint(self: MambaRadixCache, req: Req, kv: torch.Tensor, cache_len: int) -> None:
+    def _insert_checkpoint(self: MambaRadixCache, req: Req, new_kv: torch.Tensor, cache_len: int) -> None:
+        """Hand the state at ``cache_len`` and the KV ``new_kv`` of ``[cache_protected_len, cache_len)`` to
+        the tree, walking from ``req.last_node``: O(new tokens + path nodes * log n)."""
         new_slot = self.alloc_state_slot()
         if new_slot is None:
             self.stats.checkpoints_skipped += 1
@@ -454,16 +458,15 @@ class RequestLifecycle:
             self.mamba_pool.copy_from([req.mamba_pool_idx], [tree_slot])
             self.stats.state_copies += 1
         protected = req.cache_protected_len
-        result, done = self._insert(
-            RadixKey(req.token_ids(cache_len), req.extra_key), kv, tree_slot, protected, check=False
-        )
+        old = req.last_node
+        assert old is not None
+        suffix = RadixKey(req.token_slice(protected, cache_len), req.extra_key)
+        result, done = self._insert_below(old, suffix, new_kv, tree_slot)
         if result.mamba_exists:
             self.mamba_pool.free([tree_slot])
         # The request's duplicates were freed by the insert: point its row at the tree's indices.
-        tree_kv = self.tree.path_values(done.node)
-        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv[protected:cache_len])  # type: ignore[arg-type]
-        old = req.last_node
-        assert old is not None
+        tree_kv = self.tree.path_values(done.node, above=old)
+        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv)  # type: ignore[arg-type]
         self.tree.inc_lock_ref(done.node)
         self.tree.dec_lock_ref(old)
         req.last_node = done.node
@@ -478,7 +481,7 @@ class RequestLifecycle:
         (``req.mamba_lazy_is_insert`` False). KV past the checkpoint (``[cache_len, kv_len)``) is freed:
         no state exists there. Every slot the request still holds is freed, its lock released and
         ``req.last_node`` cleared. The request row stays (the engine frees it). Validates the request and
-        its KV before changing anything. O(L + path * log n).
+        its KV before changing anything. O(new tokens + path nodes * log n).
         """
         row = self._row(req, "cache_finished_req")
         protected = req.cache_protected_len
@@ -489,33 +492,19 @@ class RequestLifecycle:
             self.stats.lazy_inserts_skipped += 1
         elif is_insert:
             cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
-        kv = row[: req.kv_len].to(torch.int64)
-        self._check_request_kv(req, kv[protected:], "cache_finished_req")
+        own_kv = row[protected : req.kv_len].to(torch.int64)  # the request's KV, [protected, kv_len)
+        self._check_request_kv(req, own_kv, "cache_finished_req")
+        node = req.last_node
+        assert node is not None
         keep: int | None = None
         if cache_len > protected:
             tree_slot = self.buffer.finished_tree_slot(req, self.req_to_token_pool)
-            result, _ = self._insert(
-                RadixKey(req.token_ids(cache_len), req.extra_key),
-                kv[:cache_len],
-                tree_slot,
-                protected,
-                check=False,
-            )
+            suffix = RadixKey(req.token_slice(protected, cache_len), req.extra_key)
+            result, _ = self._insert_below(node, suffix, own_kv[: cache_len - protected], tree_slot)
             keep = None if result.mamba_exists else tree_slot
         if req.kv_len > cache_len:
-            self.token_to_kv_pool_allocator.free(kv[cache_len:])
+            self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :])
         self.req_to_token_pool.free_mamba_cache(req, keep=keep)
-        node = req.last_node
-        assert node is not None
         self.tree.dec_lock_ref(node)
         req.last_node = None
         req.mamba_last_track_seqlen = None
-
-    def running_slots(self: MambaRadixCache, reqs: Sequence[Req]) -> list[int]:
-        """Every state slot ``reqs`` hold (live and track), for ownership checks. O(len(reqs) * P)."""
-        held: list[int] = []
-        for req in reqs:
-            if req.mamba_pool_idx is not None:
-                held.append(req.mamba_pool_idx)
-            held += [s for s in (req.mamba_ping_pong_track_buffer or []) if s > 0]
-        return held

@@ -61,7 +61,7 @@ class Req:
     mamba_lazy_is_insert: bool = True
 
     # cache bookkeeping
-    prefix_indices: torch.Tensor = field(default_factory=_empty_indices)
+    prefix_indices: torch.Tensor = field(default_factory=_empty_indices)  # the hit's KV, at admission
     last_node: TreeNode | None = None
     cache_protected_len: int = 0
     mamba_branching_seqlen: int | None = None
@@ -80,6 +80,15 @@ class Req:
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of input + output (a new list). O(end - start)."""
+        n_in = len(self.origin_input_ids)
+        if end <= n_in:
+            return self.origin_input_ids[start:end]
+        if start >= n_in:
+            return self.output_ids[start - n_in : end - n_in]
+        return self.origin_input_ids[start:] + self.output_ids[: end - n_in]
 
     def token_ids(self, num_tokens: int) -> list[int]:
         """The first ``num_tokens`` tokens of input + output."""

@@ -167,9 +167,13 @@ class RadixTree:
             yield node
             node = node.parent  # type: ignore[assignment]
 
-    def path_values(self, node: TreeNode) -> torch.Tensor:
-        """The KV indices of the prefix ending at ``node``: [0, node.depth). O(path + depth)."""
-        chunks = [x.value for x in self.path_to_root(node)]
+    def path_values(self, node: TreeNode, above: TreeNode | None = None) -> torch.Tensor:
+        """The KV indices of the prefix ending at ``node``: [0, node.depth), or only the part below its
+        ancestor ``above``: [above.depth, node.depth). O(nodes and tokens in that part)."""
+        chunks = []
+        while node is not self.root and node is not above:
+            chunks.append(node.value)
+            node = node.parent  # type: ignore[assignment]
         if not chunks:
             return _empty_kv(self.device)
         chunks.reverse()
@@ -183,11 +187,14 @@ class RadixTree:
             yield node
             stack.extend(node.children.values())
 
-    def _walk(self, tokens: tuple[int, ...], extra_key: str | None) -> tuple[list[TreeNode], int, int]:
-        """Read-only walk: (fully matched nodes top-down, tokens they cover, tokens matched into the next
+    def _walk(
+        self, tokens: tuple[int, ...], extra_key: str | None, start: TreeNode | None = None
+    ) -> tuple[list[TreeNode], int, int]:
+        """Read-only walk from ``start`` (the root by default) along ``tokens``, which continue
+        ``start``'s prefix: (fully matched nodes top-down, tokens they cover, tokens matched into the next
         node's edge, 0 if none). The match length is rounded down to whole pages. O(len(tokens))."""
         page = self.page_size
-        node, pos, path = self.root, 0, []
+        node, pos, path = start if start is not None else self.root, 0, []
         while pos < len(tokens):
             child = node.children.get(self._child_key(tokens, pos, extra_key))
             if child is None:
@@ -294,10 +301,36 @@ class RadixTree:
         an unaligned length or a ``prev_prefix_len`` deeper than the tree's match.
         O(len(key) + path * log n).
         """
+        return self._insert_from(self.root, key, value, mamba_slot, prev_prefix_len)
+
+    def insert_below(self, node: TreeNode, key: RadixKey, value: torch.Tensor, mamba_slot: int) -> TreeInsert:
+        """:meth:`insert` of ``node``'s prefix followed by ``key`` (``value`` and the returned
+        ``duplicate_kv`` cover ``key`` only), walking from ``node`` instead of the root: the cost depends on
+        the new tokens, not on the prefix (the prefix's nodes are stamped, O(their number)). ``node`` is
+        the end of the caller's locked prefix (a request's ``last_node``), so none of its KV is the
+        caller's; ``prefix_len`` in the result is absolute. Raises :class:`InvalidArgument` (nothing
+        changed) for a node not in this tree or a namespace other than ``node``'s.
+        O(len(key) + path * log n).
+        """
+        if not self.is_attached(node):
+            raise InvalidArgument(
+                f"insert_below: node {node.id} is not in this tree; pass a locked last_node"
+            )
+        if node is not self.root and key.extra_key != node.extra_key:
+            raise InvalidArgument(
+                f"insert_below: key namespace {key.extra_key!r} differs from node {node.id}'s "
+                f"{node.extra_key!r}; continue a prefix in its own namespace"
+            )
+        return self._insert_from(node, key, value, mamba_slot, 0)
+
+    def _insert_from(
+        self, start: TreeNode, key: RadixKey, value: torch.Tensor, mamba_slot: int, prev_prefix_len: int
+    ) -> TreeInsert:
         tokens = key.token_ids
         num_tokens = len(tokens)
         self._check_insert_args(num_tokens, value, mamba_slot, prev_prefix_len)
-        path, pos, partial = self._walk(tokens, key.extra_key)  # read-only: a refusal changes nothing
+        extra_key = key.extra_key if start is self.root else start.extra_key
+        path, pos, partial = self._walk(tokens, extra_key, start)  # read-only: a refusal changes nothing
         if pos + partial < prev_prefix_len:
             raise InvalidArgument(
                 f"prev_prefix_len={prev_prefix_len} but the tree holds only {pos + partial} tokens of this "
@@ -305,10 +338,12 @@ class RadixTree:
             )
         now = self.tick()
         if num_tokens == 0:
-            return TreeInsert(0, True, self.root, _empty_kv(self.device), [])
+            return TreeInsert(start.depth, True, start, _empty_kv(self.device), [])
         if partial:
             path[-1] = self._split(path[-1], partial, now)
             pos += partial
+        if start is not self.root:  # the prefix above is part of this insert's path
+            path = [*reversed(list(self.path_to_root(start))), *path]
         self._touch_path(path, now)
         # The caller's KV at [prev_prefix_len, pos) duplicates the tree's: hand it back for freeing.
         duplicate_kv = value[prev_prefix_len:pos] if pos > prev_prefix_len else _empty_kv(value.device)
@@ -317,14 +352,14 @@ class RadixTree:
                 self._touch_mamba(node, now)
         end = path[-1] if path else self.root
         if pos < num_tokens:
-            end = self._add_leaf(end, tokens[pos:], value[pos:].clone(), mamba_slot, key.extra_key, now)
+            end = self._add_leaf(end, tokens[pos:], value[pos:].clone(), mamba_slot, extra_key, now)
         elif end.mamba_slot is None:
             self._set_checkpoint(end, mamba_slot, now)
         else:
             self._touch_mamba(end, now)
-            return TreeInsert(pos, True, end, duplicate_kv, [])
+            return TreeInsert(start.depth + pos, True, end, duplicate_kv, [])
         capped = self._enforce_path_cap(end)
-        return TreeInsert(pos, False, end, duplicate_kv, capped)
+        return TreeInsert(start.depth + pos, False, end, duplicate_kv, capped)
 
     def _check_insert_args(
         self, num_tokens: int, value: torch.Tensor, mamba_slot: int, prev_prefix_len: int

@@ -217,3 +217,47 @@ def test_common_prefix_len_long_runs(tokens: list[int], cut: int) -> None:
         other[cut] = -1
     expected = min(cut, len(tokens))
     assert common_prefix_len(tuple(tokens), tuple(other), 0) == expected
+
+
+def _shape(tree: RadixTree) -> list[tuple[int, tuple[int, ...], tuple[int, ...], int | None, int, int]]:
+    return sorted(
+        (n.depth, n.key, tuple(n.value.tolist()), n.mamba_slot, n.last_access, n.mamba_last_access)
+        for n in tree.nodes()
+        if not n.is_root
+    )
+
+
+@pytest.mark.parametrize("suffix", [[5, 6, 7], [3, 4, 9], [3, 4], [3]])
+def test_insert_below_is_an_insert_from_the_root_walked_from_the_node(suffix: list[int]) -> None:
+    """Inserting ``prefix + suffix`` from the root, or ``suffix`` below the node ending the prefix, gives
+    the same tree (nodes, KV, slots, stamps) and hands back the same duplicate KV."""
+    trees = []
+    for below in (False, True):
+        tree, kv = make_tree(), KV()
+        tree.insert(RadixKey([1, 2]), kv(2), 1)
+        node = tree.insert(RadixKey([1, 2, 3, 4, 5]), kv(5), 2).node
+        prefix = tree.match(RadixKey([1, 2, 3])).best  # ends at 2: [1 2] holds a checkpoint
+        assert prefix.depth == 2 and node.depth == 5
+        value = kv(len(suffix))
+        if below:
+            done = tree.insert_below(prefix, RadixKey(suffix), value, 3)
+            dup = done.duplicate_kv
+        else:
+            full = torch.cat([tree.path_values(prefix), value])
+            done = tree.insert(RadixKey([1, 2, *suffix]), full, 3, prev_prefix_len=2)
+            dup = done.duplicate_kv
+        trees.append((_shape(tree), done.prefix_len, done.mamba_exists, dup.tolist(), done.node.depth))
+        check_tree_invariants(tree)
+    assert trees[0] == trees[1]
+
+
+def test_insert_below_refuses_a_foreign_node_or_namespace() -> None:
+    tree, other, kv = make_tree(), make_tree(), KV()
+    node = tree.insert(RadixKey([1, 2], "a"), kv(2), 1).node
+    foreign = other.insert(RadixKey([1, 2], "a"), kv(2), 1).node
+    with pytest.raises(InvalidArgument, match="not in this tree"):
+        tree.insert_below(foreign, RadixKey([3], "a"), kv(1), 2)
+    with pytest.raises(InvalidArgument, match="namespace"):
+        tree.insert_below(node, RadixKey([3], "b"), kv(1), 2)
+    assert tree.insert_below(node, RadixKey([3], "a"), kv(1), 2).node.depth == 3
+    check_tree_invariants(tree)
