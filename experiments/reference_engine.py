@@ -48,7 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mamba-track-interval", type=int, default=8)
     p.add_argument("--max-running-requests", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is fastest)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for the whole run (the cache's ops are tiny too)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs per row; times are the fastest run's")
     p.add_argument("--out", type=Path, default=Path("experiments/results/reference_engine.jsonl"))
     return p.parse_args(argv)
