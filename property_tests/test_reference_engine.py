@@ -433,3 +433,23 @@ def test_misuse_raises_typed_errors():
         from mamba_radix.reference_engine import HybridModel
 
         HybridModel(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_edge_requests(strategy):
+    """One generated token (finish right after prefill), a one-token prompt, the same prompt twice (hit
+    on a request that ends at its prompt), and an EOS stop: tokens equal the oracle's."""
+    m = model("kimi_linear")
+    prompt = tokens(random.Random(9), 27)
+    want = oracle("kimi_linear", tuple(prompt), 10)
+    engine = ReferenceEngine.build(m, config(strategy))
+    assert engine.generate(prompt, 1) == list(want[:1])
+    assert engine.generate(prompt, 1) == list(want[:1])
+    assert engine.generate(prompt[:1], 3) == list(oracle("kimi_linear", tuple(prompt[:1]), 3))
+    assert engine.stats.hit_tokens > 0
+    stop = want[3]
+    first_stop = want.index(stop)
+    eos_engine = ReferenceEngine.build(m, config(strategy), eos_token_id=stop)
+    assert eos_engine.generate(prompt, 10) == list(want[: first_stop + 1])
+    engine.cache.check_invariants([])
+    eos_engine.cache.check_invariants([])
