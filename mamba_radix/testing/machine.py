@@ -168,6 +168,10 @@ class CacheMachine(RuleBasedStateMachine):
         tokens = self._new_tokens(base, cut, suffix, self.page)
         if not tokens:
             return multiple()
+        return self._run_insert(extra, tokens)
+
+    def _run_insert(self, extra: Any, tokens: tuple[int, ...]) -> Any:
+        assert self.adapter is not None and self.oracle is not None
         key = (extra, tokens)
         before = self.oracle.expect_match(extra, tokens)
         had_checkpoint = key in self.oracle.checkpoints
@@ -401,6 +405,66 @@ class CacheMachine(RuleBasedStateMachine):
             self.adapter.release_holds()
         else:
             self.adapter.fail_next_allocs(pool, num // 2 + 1)
+
+    # ------------------------------------------------------------------------ scripted use (scenarios)
+    def put(self, tokens: tuple[int, ...], extra: Any = None) -> None:
+        """Insert ``tokens`` (a raw insert through the ``insert`` rule's checks), then check everything."""
+        self._run_insert(extra, tuple(tokens))
+        self.check_everything()
+
+    def lookup(self, tokens: tuple[int, ...], extra: Any = None) -> int:
+        """Match ``tokens`` without copy-on-write (the ``match`` rule's checks); returns the hit length."""
+        assert self.adapter is not None and self.oracle is not None
+        want = self.oracle.expect_match(extra, tuple(tokens))
+        got = self.adapter.match(extra, tuple(tokens), False)
+        assert got is not None
+        if (got.hit_len, got.kv_indices) != (want.hit_len, want.kv_indices):
+            raise OracleViolation(f"lookup {(extra, tokens)}: hit {got.hit_len}, expected {want.hit_len}")
+        if got.hit_len and self.adapter.read_stamp(got.slot) != expected_stamp(tuple(tokens)[: got.hit_len]):  # type: ignore[arg-type]
+            raise SuiteViolation(f"lookup {(extra, tokens)}: the hit's slot holds another state")
+        self.check_everything()
+        return got.hit_len
+
+    def run_request(
+        self, tokens: tuple[int, ...], outputs: tuple[int, ...] = (), extra: Any = None, insert: bool = True
+    ) -> int | None:
+        """Admit one request, prefill it, decode ``outputs`` and finish it (``insert=False``: abort), with
+        the rules' checks and every after-step check between steps. Returns the admission hit, or
+        ``None`` if the request was not admitted. Raises :class:`SuiteViolation` if a lone running
+        request runs out of KV. For scenarios (:mod:`mamba_radix.testing.scenarios`)."""
+        assert self.adapter is not None and self.oracle is not None
+        tokens = tuple(tokens)
+        want = self.oracle.expect_match(extra, tokens[:-1])
+        rid = self.next_rid
+        self.next_rid += 1
+        out = self.adapter.admit(rid, extra, tokens, max_new_tokens=len(outputs) + 1)
+        if out is None:
+            return None
+        self.plans[rid] = len(outputs)
+        if not (out.cow_skipped and out.hit_len == 0) and out.hit_len != want.hit_len:
+            raise OracleViolation(f"admit {(extra, tokens)}: hit {out.hit_len}, expected {want.hit_len}")
+        self.check_everything()
+        while self.adapter.in_prefill(rid):
+            offers = self.adapter.prefill_chunk(rid)
+            if offers is None:
+                raise SuiteViolation(f"request {rid}: a prefill chunk found no KV")
+            self._announce(offers)
+            self.check_everything()
+        for t in outputs:
+            offers = self.adapter.decode(rid, t)
+            if offers is None:
+                raise SuiteViolation(f"request {rid}: a decode step found no KV")
+            self.plans[rid] -= 1
+            self._announce(offers)
+            self.check_everything()
+        self._announce(self.adapter.finish(rid, insert))
+        del self.plans[rid]
+        self.check_everything()
+        return out.hit_len
+
+    def checkpoint_lengths(self, extra: Any = None) -> list[int]:
+        """Sorted lengths of the checkpoints in namespace ``extra`` at the last observation."""
+        return sorted(len(t) for e, t in self.snap.checkpoints if e == extra)
 
     # ------------------------------------------------------------------------------------------ checks
     def _observe(self) -> TreeSnapshot:

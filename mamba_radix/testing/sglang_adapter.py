@@ -37,7 +37,11 @@ Known failures (:data:`KNOWN_ISSUES`), counted by the machine and never hidden:
   live slot or the track buffer of a request's first chunk), where SGLang asserts too; the counting pool
   raises its stand-in message.
 
-:func:`sglang_params` draws only configurations SGLang's configurator accepts.
+:func:`sglang_params` draws only configurations SGLang's configurator accepts (:meth:`SGLangAdapter.accepts`).
+
+Against the public-bug scenarios (:mod:`mamba_radix.testing.scenarios`) SGLang 0.5.20 shows #36935 (a
+branch forking mid-chain under slot pressure hits 0); #34780 needs a state grid finer than the page, which
+its configurator refuses.
 """
 
 from __future__ import annotations
@@ -194,8 +198,19 @@ class SGLangAdapter:
     capabilities = frozenset({"requests", "cow", "extra_key", "branching"})
     max_raw_locks = 1
 
+    @staticmethod
+    def accepts(params: SuiteParams) -> bool:
+        """Whether SGLang's configurator accepts ``params`` (the rules :func:`sglang_params` draws by)."""
+        return (
+            params.strategy in ("no_buffer", "extra_buffer")
+            and (params.strategy == "extra_buffer" or (params.page_size == 1 and not params.overlap))
+            and params.state_chunk % params.page_size == 0
+            and params.max_states_per_path < 0
+            and not params.kv_only_leaves
+        )
+
     def __init__(self, params: SuiteParams, version: str = SGLANG_VERSION) -> None:
-        if params.strategy not in ("no_buffer", "extra_buffer") or params.max_states_per_path >= 0:
+        if not self.accepts(params):
             raise SuiteViolation(f"SGLang {version} cannot build {params}; draw from sglang_params()")
         self.params = params
         self.sg: SGLangModules = load_sglang(version)
