@@ -27,6 +27,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(or pip install 'transformers>=5.23,<6')"
     ) from exc
 
+from mamba_radix.reference_engine.engine import (
+    CheckpointAudit,
+    EngineStats,
+    ForwardRecord,
+    ReferenceEngine,
+    audit_checkpoints,
+    greedy_reference,
+)
 from mamba_radix.reference_engine.models import (
     LOGIT_ATOL,
     HybridModel,
@@ -35,4 +43,16 @@ from mamba_radix.reference_engine.models import (
     tiny_qwen3_next,
 )
 
-__all__ = ["LOGIT_ATOL", "HybridModel", "tiny_kimi_linear", "tiny_model", "tiny_qwen3_next"]
+__all__ = [
+    "LOGIT_ATOL",
+    "CheckpointAudit",
+    "EngineStats",
+    "ForwardRecord",
+    "HybridModel",
+    "ReferenceEngine",
+    "audit_checkpoints",
+    "greedy_reference",
+    "tiny_kimi_linear",
+    "tiny_model",
+    "tiny_qwen3_next",
+]
