@@ -211,8 +211,8 @@ class MambaRadixCache(RequestLifecycle):
         """The longest cached prefix of ``key`` that ends at a checkpoint.
 
         A plain sequence takes ``req.extra_key`` as its namespace. With ``req``, sets
-        ``req.prefix_indices``, ``req.last_node``, ``req.cache_protected_len`` and
-        ``req.mamba_branching_seqlen`` (call it before admission: it does not release a lock ``req``
+        ``req.prefix_indices``, ``req.last_node``, ``req.cache_protected_len``,
+        ``req.full_kv_hit_len`` and ``req.mamba_branching_seqlen`` (call it before admission: it does not release a lock ``req``
         holds). With ``cow_mamba`` and ``req``, copies the matched checkpoint into ``req``'s live slot,
         allocating one (``req.mamba_pool_idx``) if it has none, evicting one checkpoint if none is free
         (the matched node is locked meanwhile); if no slot can be had the hit is dropped (the result is
@@ -249,6 +249,7 @@ class MambaRadixCache(RequestLifecycle):
             req.last_node = result.last_node
             req.cache_protected_len = len(result.device_indices)
             req.mamba_branching_seqlen = result.mamba_branching_seqlen
+            req.full_kv_hit_len = result.full_kv_hit_len
         return result
 
     def peek_prefix(self, key: RadixKey | Sequence[int]) -> PrefixPeek:

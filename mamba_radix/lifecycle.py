@@ -225,6 +225,7 @@ class RequestLifecycle:
         req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
         req.last_node = None
         req.cache_protected_len = 0
+        req.full_kv_hit_len = 0
         req.mamba_branching_seqlen = None
         req.mamba_cow_src_slot = None
 

@@ -8,7 +8,7 @@ Field ownership (one writer per field):
 - :class:`~mamba_radix.pools.HybridReqToTokenPool`: ``req_pool_idx``, ``mamba_pool_idx`` (the live state
   slot), ``mamba_ping_pong_track_buffer`` and the lazy bookkeeping;
 - :class:`~mamba_radix.cache.MambaRadixCache` and its lifecycle (:mod:`mamba_radix.lifecycle`):
-  ``prefix_indices``, ``last_node``, ``cache_protected_len``, ``mamba_branching_seqlen``,
+  ``prefix_indices``, ``last_node``, ``cache_protected_len``, ``full_kv_hit_len``, ``mamba_branching_seqlen``,
   ``mamba_cow_src_slot``, ``kv_len``, ``mamba_last_track_seqlen`` and ``mamba_next_track_idx`` (through
   :meth:`~mamba_radix.lifecycle.RequestLifecycle.commit`), ``kv_reserved_tokens``, ``prefill_chunks``,
   ``pending_plan``, ``finished``.
@@ -64,6 +64,7 @@ class Req:
     prefix_indices: torch.Tensor = field(default_factory=_empty_indices)  # the hit's KV, at admission
     last_node: TreeNode | None = None
     cache_protected_len: int = 0
+    full_kv_hit_len: int = 0  # KV the admission match found, possibly deeper than the hit
     mamba_branching_seqlen: int | None = None
     mamba_cow_src_slot: int | None = None
 

@@ -365,8 +365,8 @@ class Engine:
     def _try_admit(self, trace: TraceRequest, arrival_s: float) -> _SimReq | str:
         """Admit one request or return why not (``req_rows``, ``state_slots``, ``kv_tokens``, ``too_long``).
 
-        ``cache.can_admit`` checks before anything changes, so a refusal leaves the tree, its recency
-        order, the pools and the cache's stats exactly as they were. O(L + path).
+        ``cache.admit`` checks before anything changes, so a refusal leaves the tree, its recency order,
+        the pools and the cache's stats exactly as they were; ``can_admit`` then says why. O(L + path).
         """
         if self.running >= self.max_running:
             return self.rows_bound
@@ -374,18 +374,13 @@ class Engine:
         output_ids = trace.output_ids
         req = Req(rid=trace.index, origin_input_ids=head.input_ids, extra_key=trace.extra_key)
         max_new_tokens = max(len(output_ids), 1)
-        check = self.cache.can_admit(req, max_new_tokens)
-        if not check.ok:
+        if not self.cache.admit(req, max_new_tokens):  # refused: nothing changed; ask why
+            check = self.cache.can_admit(req, max_new_tokens)
+            if check.ok:
+                raise SimulationError(
+                    f"request {trace.index}: cache.admit refused although can_admit agrees (a cache bug)"
+                )
             return check.reason  # type: ignore[return-value]
-        if not self.cache.admit(req, max_new_tokens):
-            raise SimulationError(
-                f"request {trace.index}: cache.admit refused although can_admit agreed (a cache bug)"
-            )
-        if req.cache_protected_len != check.hit_len:
-            raise SimulationError(
-                f"request {trace.index}: can_admit found a {check.hit_len}-token hit but admission "
-                f"{req.cache_protected_len} (a cache bug)"
-            )
         sim = _SimReq(
             trace=trace,
             req=req,
@@ -401,8 +396,8 @@ class Engine:
             trace.index,
             trace.input_len,
             trace.output_len,
-            check.hit_len,
-            check.full_kv_hit_len,
+            req.cache_protected_len,
+            req.full_kv_hit_len,
             self._ideal_hits.pop(trace.index, 0),
         )
         return sim
