@@ -145,6 +145,7 @@ class MambaRadixCache(RequestLifecycle):
             raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
         self.tree = RadixTree(config, self.device, policy)
         self.policy = self.tree.policy
+        self.policy.cache = self
         self.buffer = buffer_strategy(config)
         self.stats = CacheStats()
         self.reserved_kv_tokens = 0

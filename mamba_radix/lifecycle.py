@@ -200,6 +200,7 @@ class RequestLifecycle:
         self.match_prefix(RadixKey(tokens[:-1], req.extra_key), cow_mamba=True, req=req)
         node = req.last_node
         assert node is not None
+        self.policy.on_hit(req)
         self.tree.inc_lock_ref(node)
         headroom = max(self.config.per_chunk_headroom_slots, self.buffer.admission_slots(req))
         self.make_room(num_states=headroom)

@@ -17,7 +17,8 @@ the base class is the config's behaviour, so a subclass overrides only what it c
 - :meth:`admit_checkpoint`: whether a state a request hands to the tree at ``seq_len`` is kept (a declined
   one is counted in ``stats.checkpoints_declined``; its KV stays the request's, and past the last kept
   checkpoint it is freed at finish, as always).
-- :meth:`on_admit`: a request was admitted (the simulator's requests carry their trace index as ``rid``).
+- :meth:`on_admit` / :meth:`on_hit`: a request is being admitted (the simulator's requests carry their
+  trace index as ``rid``) / its admission match is done. ``policy.cache`` is the cache (its pools, stats).
 - ``needs_prefix_fingerprints``: the tree then keeps ``node.prefix_fp``, the
   :func:`~mamba_radix.state_stamp.fingerprint` of the whole prefix ending at the node (O(edge) per new
   node), so a policy can look a node up in a pre-pass over a trace.
@@ -33,6 +34,7 @@ from mamba_radix.errors import InvalidArgument
 from mamba_radix.eviction import CheckpointOrder, full_evict_key, mamba_evict_key
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.cache import MambaRadixCache
     from mamba_radix.eviction import EvictionIndex
     from mamba_radix.node import TreeNode
     from mamba_radix.request import Req
@@ -49,6 +51,7 @@ class CachePolicy:
 
     def __init__(self) -> None:
         self.tree: RadixTree | None = None
+        self.cache: MambaRadixCache | None = None  # set by the cache built over the tree (pools, stats)
         self.order: CheckpointOrder | None = None
 
     def bind(self, tree: RadixTree) -> None:
@@ -85,7 +88,11 @@ class CachePolicy:
 
     # --------------------------------------------------------------------------------------- admission
     def on_admit(self, req: Req) -> None:
-        """``req`` was admitted (before its match)."""
+        """``req`` is being admitted (its resources were checked; its match comes next)."""
+
+    def on_hit(self, req: Req) -> None:
+        """``req``'s admission match is done: ``req.last_node`` (locked next), ``req.cache_protected_len``
+        (the hit), ``req.full_kv_hit_len``."""
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
         """Whether the state of ``req``'s first ``seq_len`` tokens, handed to the tree now, is kept."""

@@ -65,9 +65,14 @@ class DeclineShallow(CachePolicy):
         super().__init__()
         self.min_len = min_len
         self.admitted: list[object] = []
+        self.hits: list[int] = []
 
     def on_admit(self, req: Req) -> None:
         self.admitted.append(req.rid)
+
+    def on_hit(self, req: Req) -> None:
+        assert self.cache is not None and req.last_node is not None
+        self.hits.append(req.cache_protected_len)
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
         return seq_len >= self.min_len
@@ -102,7 +107,8 @@ def test_declined_checkpoints_are_not_inserted_and_their_kv_is_freed(strategy: s
     depths = sorted(n.depth for n in cache.tree.nodes() if n.mamba_slot is not None)
     assert depths == [16, 24]
     assert cache.stats.checkpoints_declined == 1
-    assert policy.admitted == [24]
+    assert policy.admitted == [24] and policy.hits == [0]
+    assert policy.cache is cache
     cache.check_invariants([])
     assert cache.token_to_kv_pool_allocator.used == 24
 
