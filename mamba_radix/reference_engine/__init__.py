@@ -5,11 +5,13 @@
   full-attention KV read from and written to our KV storage and the conv/recurrent state read from and
   written to :class:`~mamba_radix.pools.MambaPool` slots.
 - :mod:`~mamba_radix.reference_engine.engine`: :class:`ReferenceEngine`, a serving loop (several requests in
-  flight, chunked prefill, greedy decode) that drives only the cache's request lifecycle API, and
-  :func:`generate_without_cache`, the same model run with private pools and no prefix cache.
+  flight, chunked prefill, greedy decode) that drives only the cache's request lifecycle API;
+  :func:`greedy_reference`, the cache-free oracle (plain transformers forwards of the whole sequence); and
+  :func:`audit_checkpoints`, which probes every checkpoint in the tree against a from-scratch forward.
 
 Needs the optional ``transformers`` dependency (the ``engine`` extra); importing this package without it
-raises :class:`ImportError` with the install command. The core library never imports it.
+(or with transformers older than 5.23) raises :class:`ImportError` with the install command. The core
+library never imports it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ try:
     import transformers  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "mamba_radix.reference_engine needs transformers>=5.23: pip install 'mamba-radix[engine]' "
-        "(or pip install 'transformers>=5.23,<6')"
+        "mamba_radix.reference_engine needs transformers>=5.23,<6: pip install 'mamba-radix[engine]'"
     ) from exc
 
 from mamba_radix.reference_engine.engine import (

@@ -44,6 +44,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import transformers  # after HF_HUB_OFFLINE is set
 
+if tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit()) < (5, 23):
+    raise ImportError(
+        f"mamba_radix.reference_engine needs transformers>=5.23,<6 (Kimi Linear, Qwen3-Next with the "
+        f"cache API used here), found {transformers.__version__}: pip install 'mamba-radix[engine]'"
+    )
+
 __all__ = [
     "LOGIT_ATOL",
     "HybridModel",
