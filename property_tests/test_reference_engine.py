@@ -417,7 +417,7 @@ def test_misuse_raises_typed_errors():
     with pytest.raises(InvalidArgument, match="empty"):
         engine.submit([], 3)
     engine.submit(list(range(3, 90)), 4)  # longer than max_context_len: can never be admitted
-    with pytest.raises(InvalidArgument, match="cannot be admitted"):
+    with pytest.raises(InvalidArgument, match="cannot be admitted: it is longer"):
         engine.run()
     pools = m.pools_view(m.new_kv_pool(16), m.new_mamba_pool(1))
     idx = torch.arange(1, 5)

@@ -190,10 +190,16 @@ class ReferenceEngine:
         """Admit what fits, then one forward per running request. Returns the ids finished this step."""
         self._admit()
         done = []
+        forwards = self.stats.forwards
         for run in list(self.running):
             if self._forward(run):
                 self.running.remove(run)
                 done.append(run.req.rid)
+        if self.running and self.stats.forwards == forwards:  # cannot happen while admission reserves KV
+            raise InvalidArgument(
+                f"no running request could get KV for its next forward ({len(self.running)} running); "
+                "the KV pool is too small for the admitted requests"
+            )
         return done
 
     def _admit(self) -> None:
@@ -201,7 +207,12 @@ class ReferenceEngine:
             run = self.waiting[0]
             check = self.cache.can_admit(run.req, run.max_new_tokens)
             if not check.ok:
-                if check.reason == "too_long" or not self.running:
+                if check.reason == "too_long":
+                    raise InvalidArgument(
+                        f"request {run.req.rid!r} cannot be admitted: it is longer than a request row "
+                        "(max_context_len) or than the KV pool; give the engine longer rows or more KV tokens"
+                    )
+                if not self.running:
                     raise InvalidArgument(
                         f"request {run.req.rid!r} cannot be admitted ({check.reason}) even with nothing "
                         "running; give the engine more KV tokens, state slots or request rows"
