@@ -223,6 +223,8 @@ class MambaRadixCache(RequestLifecycle):
         recency (see :meth:`RadixTree.match`). O(L + path * log n), plus one slot copy.
         """
         radix_key = self._as_key(key, req)
+        if cow_mamba and req is not None and req.mamba_pool_idx is not None:
+            self._check_cow_target(req)
         if not self.buffer.caches:
             result = MatchResult(
                 torch.empty(0, dtype=torch.int64, device=self.device), self.tree.root, None, 0, None
@@ -287,6 +289,21 @@ class MambaRadixCache(RequestLifecycle):
         grid = self.config.mamba_checkpoint_grid
         branching = full_kv_hit_len // grid * grid
         return branching if branching > hit_len else None
+
+    def _check_cow_target(self, req: Req) -> None:
+        """A copy-on-write overwrites ``req``'s live slot: it must be allocated and nobody else's. O(1)."""
+        dst = req.mamba_pool_idx
+        held_by = self.req_to_token_pool.slot_holder(dst) if isinstance(dst, int) else None
+        if (
+            not isinstance(dst, int)
+            or dst in self.tree.slot_owner
+            or not bool(self.mamba_pool.is_allocated([dst])[0])
+            or (held_by is not None and held_by is not req)
+        ):
+            raise InvalidIndex(
+                f"request {req.rid!r}'s live slot {dst!r} is a tree checkpoint, another request's slot or not "
+                "allocated; a copy-on-write needs the request's own slot (or none: the match allocates one)"
+            )
 
     def _copy_on_write(self, req: Req, node: TreeNode) -> bool:
         """Copy ``node``'s checkpoint into ``req``'s live slot (allocated if missing). False: no slot."""
@@ -362,14 +379,23 @@ class MambaRadixCache(RequestLifecycle):
                 raise InvalidArgument(
                     f"kv indices are on {kv_indices.device} but the token pool lives on {self.device}"
                 )
+            if kv_indices.dtype != torch.int64:
+                raise InvalidArgument(f"kv indices must be int64, got {kv_indices.dtype}")
             handed_over = kv_indices[max(prev_prefix_len, 0) if isinstance(prev_prefix_len, int) else 0 :]
             allocated = self.token_to_kv_pool_allocator.is_allocated(handed_over)
             if not bool(allocated.all()):
                 bad = int(handed_over[~allocated][0])
                 raise InvalidIndex(f"KV index {bad} is not allocated; insert only indices from alloc")
+            if torch.unique(kv_indices).numel() != kv_indices.numel():
+                raise InvalidIndex("kv indices repeat within one insert; give every token its own KV index")
         valid_id = isinstance(mamba_slot, int) and not isinstance(mamba_slot, bool) and mamba_slot >= 1
         if valid_id and not bool(self.mamba_pool.is_allocated([mamba_slot])[0]):
             raise InvalidIndex(f"state slot {mamba_slot} is not allocated; insert only slots from alloc")
+        if valid_id and self.req_to_token_pool.is_slot_held(mamba_slot):
+            raise InvalidIndex(
+                f"state slot {mamba_slot} is a running request's (live or track slot); copy its state into "
+                "a fresh slot and insert that one"
+            )
 
     # -------------------------------------------------------------------------------------------- locks
     def inc_lock_ref(self, node: TreeNode) -> None:
@@ -399,8 +425,12 @@ class MambaRadixCache(RequestLifecycle):
     def make_room(self, num_tokens: int = 0, num_states: int = 0) -> bool:
         """Evict just enough that ``num_tokens`` KV tokens and ``num_states`` slots are free.
 
-        Returns whether both are free now. O(victims * log n).
+        Returns whether both are free now. Raises :class:`InvalidArgument` (nothing evicted) for counts
+        that are not ints >= 0. O(victims * log n).
         """
+        for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidArgument(f"make_room: {name} must be an int >= 0, got {count!r}")
         short_tokens = max(0, num_tokens - self.token_to_kv_pool_allocator.available_size())
         short_states = max(0, num_states - self.mamba_pool.available_size())
         if short_tokens or short_states:
@@ -412,7 +442,19 @@ class MambaRadixCache(RequestLifecycle):
 
     def alloc_token_slots(self, num_tokens: int) -> torch.Tensor | None:
         """``num_tokens`` KV indices (whole pages when ``page_size > 1``), evicting if short; ``None`` if
-        still short. O(num_tokens + victims * log n)."""
+        still short. Raises :class:`InvalidArgument` (nothing evicted) for a count that is not an int
+        >= 0, or not a multiple of ``page_size``. O(num_tokens + victims * log n)."""
+        page = self.config.page_size
+        if (
+            isinstance(num_tokens, bool)
+            or not isinstance(num_tokens, int)
+            or num_tokens < 0
+            or num_tokens % page
+        ):
+            raise InvalidArgument(
+                f"alloc_token_slots: num_tokens must be an int >= 0 and a multiple of page_size={page}, "
+                f"got {num_tokens!r}"
+            )
         self.make_room(num_tokens=num_tokens)
         return self.token_to_kv_pool_allocator.alloc(num_tokens)
 

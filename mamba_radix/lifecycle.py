@@ -153,7 +153,7 @@ class RequestLifecycle:
         decode KV is reserved); ``None`` reserves only the prompt. O(L + path)."""
         self._check_new_request(req, max_new_tokens)
         tokens = req.origin_input_ids
-        peek = self.peek_prefix(RadixKey(tokens[:-1], req.extra_key))
+        peek = self.peek_prefix(RadixKey.trusted(tokens[:-1], req.extra_key))
         hit = peek.hit_len
         final = self._final_kv_len(req, max_new_tokens)
         need_tokens = self._page_ceil(final) - hit
@@ -197,7 +197,7 @@ class RequestLifecycle:
             return False
         self.policy.on_admit(req)
         tokens = req.origin_input_ids
-        self.match_prefix(RadixKey(tokens[:-1], req.extra_key), cow_mamba=True, req=req)
+        self.match_prefix(RadixKey.trusted(tokens[:-1], req.extra_key), cow_mamba=True, req=req)
         node = req.last_node
         assert node is not None
         self.policy.on_hit(req)
@@ -298,6 +298,8 @@ class RequestLifecycle:
             raise InvalidArgument(
                 f"extend: a prefill extend ends at the prompt's end ({input_len}); got [{start}, {end})"
             )
+        if not is_prefill:  # the prompt was checked at admission; sampled tokens are checked here
+            _check_token_list(req.token_slice(start, end), f"extend: request {req.rid!r}: output_ids")
         boundary = None if is_prefill else self.buffer.next_decode_boundary(start)
         if boundary is not None and boundary < end:
             raise InvalidArgument(
@@ -462,7 +464,7 @@ class RequestLifecycle:
         protected = req.cache_protected_len
         old = req.last_node
         assert old is not None
-        suffix = RadixKey(req.token_slice(protected, cache_len), req.extra_key)
+        suffix = RadixKey.trusted(req.token_slice(protected, cache_len), req.extra_key)
         result, done = self._insert_below(old, suffix, new_kv, tree_slot)
         if result.mamba_exists:
             self.mamba_pool.free([tree_slot])
@@ -501,7 +503,7 @@ class RequestLifecycle:
         keep: int | None = None
         if cache_len > protected:
             tree_slot = self.buffer.finished_tree_slot(req, self.req_to_token_pool)
-            suffix = RadixKey(req.token_slice(protected, cache_len), req.extra_key)
+            suffix = RadixKey.trusted(req.token_slice(protected, cache_len), req.extra_key)
             result, _ = self._insert_below(node, suffix, own_kv[: cache_len - protected], tree_slot)
             keep = None if result.mamba_exists else tree_slot
         if req.kv_len > cache_len:

@@ -14,6 +14,7 @@ so a path touched together shares one stamp and ties are broken by depth (see :m
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
@@ -56,6 +57,10 @@ class RadixKey:
             else:
                 ids = tuple(ids)
             object.__setattr__(self, "token_ids", ids)
+        try:  # one C-speed pass: floats, None, strings and ints beyond int64 are refused
+            array("q", ids)
+        except (TypeError, OverflowError) as exc:
+            raise InvalidArgument(f"token_ids must be int token ids in int64 range: {exc}") from None
         if self.extra_key is not None and not isinstance(self.extra_key, str):
             raise InvalidArgument(
                 f"extra_key must be a str or None, got {self.extra_key!r}; convert it with str()"
@@ -63,6 +68,15 @@ class RadixKey:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @classmethod
+    def trusted(cls, token_ids: Sequence[int], extra_key: str | None) -> RadixKey:
+        """A key from tokens the caller already validated (the lifecycle's, checked at admission):
+        no check, one tuple copy. O(len)."""
+        key = object.__new__(cls)
+        object.__setattr__(key, "token_ids", tuple(token_ids))
+        object.__setattr__(key, "extra_key", extra_key)
+        return key
 
 
 class TreeMatch(NamedTuple):
@@ -336,6 +350,15 @@ class RadixTree:
                 f"prev_prefix_len={prev_prefix_len} but the tree holds only {pos + partial} tokens of this "
                 "key; pass the length of the locked prefix the request matched (cache_protected_len)"
             )
+        matched = pos + partial
+        if matched > prev_prefix_len:  # the caller's KV there is freed as duplicates: it must not be ours
+            tree_kv = torch.cat([node.value for node in path])[prev_prefix_len:matched]
+            if bool((tree_kv == value[prev_prefix_len:matched]).any()):
+                raise InvalidArgument(
+                    f"the KV indices at [{prev_prefix_len}, {matched}) are already the tree's; pass "
+                    "prev_prefix_len = the length of the prefix the tree holds (cache_protected_len), or "
+                    "fresh indices"
+                )
         now = self.tick()
         if num_tokens == 0:
             return TreeInsert(start.depth, True, start, _empty_kv(self.device), [])

@@ -1,0 +1,140 @@
+"""A refused call changes nothing (issue 11, cache level): misuse of the cache's public calls raises a
+typed error before any split, clock tick, eviction, count or allocation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mamba_radix import CacheConfig, InvalidArgument, InvalidIndex, MambaRadixCache, RadixKey, Req
+from mamba_radix.state_stamp import fingerprint, write_stamp
+
+NO_BUFFER = CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
+PAGED = CacheConfig(mamba_radix_cache_strategy="extra_buffer", page_size=4, mamba_track_interval=8)
+
+
+def fresh(config: CacheConfig = NO_BUFFER) -> MambaRadixCache:
+    cache = MambaRadixCache.build(config, num_tokens=64, num_slots=12, max_context_len=64)
+    put(cache, [1, 2, 3, 4, 5, 6, 7, 8])
+    return cache
+
+
+def put(cache: MambaRadixCache, tokens: list[int]) -> None:
+    kv = cache.token_to_kv_pool_allocator.alloc(len(tokens))
+    slot = int(cache.mamba_pool.alloc(1)[0])
+    write_stamp(cache.mamba_pool, slot, fingerprint(tokens), len(tokens))
+    cache.insert(tokens, kv, slot)
+
+
+def state(cache: MambaRadixCache) -> tuple:
+    tree = cache.tree
+    nodes = sorted((n.id, n.key, tuple(n.value.tolist()), n.mamba_slot, n.last_access) for n in tree.nodes())
+    return (
+        nodes,
+        tree.clock,
+        repr(cache.stats),
+        cache.token_to_kv_pool_allocator.available_size(),
+        cache.mamba_pool.available_size(),
+        cache.req_to_token_pool.available_size(),
+        cache.reserved_kv_tokens,
+    )
+
+
+def refused(cache: MambaRadixCache, error: type[Exception], match: str, call, *args, **kwargs) -> None:
+    before = state(cache)
+    with pytest.raises(error, match=match):
+        call(*args, **kwargs)
+    assert state(cache) == before
+
+
+def test_insert_refuses_repeated_indices_and_the_trees_own_kv() -> None:
+    cache = fresh()
+    kv = cache.token_to_kv_pool_allocator.alloc(2)
+    slot = int(cache.mamba_pool.alloc(1)[0])
+    refused(cache, InvalidIndex, "repeat", cache.insert, [9, 9], torch.stack([kv[0], kv[0]]), slot)
+    own = cache.match_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]).device_indices
+    refused(cache, InvalidArgument, "already the tree's", cache.insert, [1, 2, 3, 4, 5, 6, 7, 8], own, slot)
+
+
+def test_insert_refuses_a_running_requests_slot() -> None:
+    cache = fresh()
+    req = Req(rid=1, origin_input_ids=[40, 41, 42])
+    assert cache.admit(req)
+    kv = cache.token_to_kv_pool_allocator.alloc(2)
+    refused(cache, InvalidIndex, "running request", cache.insert, [9, 9], kv, req.mamba_pool_idx)
+
+
+def test_copy_on_write_into_a_checkpoint_or_foreign_slot_is_refused_before_the_match() -> None:
+    cache = fresh()
+    node = cache.match_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]).last_node
+    thief = Req(rid=2, origin_input_ids=[1, 2, 3, 4, 5, 6, 7, 8, 0], mamba_pool_idx=node.mamba_slot)
+    refused(cache, InvalidIndex, "tree checkpoint", cache.match_prefix, [1, 2, 3], cow_mamba=True, req=thief)
+
+
+def test_admission_of_a_carried_or_malformed_request_changes_nothing() -> None:
+    cache = fresh()
+    refused(
+        cache,
+        InvalidArgument,
+        "carries pool fields",
+        cache.admit,
+        Req(rid=3, origin_input_ids=[1, 2], mamba_pool_idx=5),
+    )
+    refused(cache, InvalidArgument, "int token ids", cache.admit, Req(rid=4, origin_input_ids=[1, 2.5]))  # type: ignore[list-item]
+    refused(cache, InvalidArgument, "list of int", cache.admit, Req(rid=5, origin_input_ids=(1, 2)))  # type: ignore[arg-type]
+    refused(cache, InvalidArgument, "empty prompt", cache.admit, Req(rid=6, origin_input_ids=[]))
+    refused(cache, InvalidArgument, "max_new_tokens", cache.admit, Req(rid=7, origin_input_ids=[1]), 0)
+
+
+def test_lifecycle_misuse_changes_nothing() -> None:
+    cache = fresh()
+    req = Req(rid=8, origin_input_ids=list(range(100, 110)))
+    assert cache.admit(req)
+    refused(cache, InvalidArgument, "knows 10 tokens", cache.extend, req, 11)
+    refused(cache, InvalidArgument, "num_tokens", cache.extend, req, 0)
+    plan = cache.extend(req, 10)
+    assert plan is not None
+    refused(cache, InvalidArgument, "uncommitted plan", cache.extend, req, 1)
+    refused(cache, InvalidArgument, "uncommitted plan", cache.finish, req)
+    cache.commit(plan)
+    refused(cache, InvalidArgument, "not request", cache.commit, plan)
+    refused(cache, InvalidArgument, "append the sampled token", cache.extend, req, 1)
+    req.output_ids.append(3.5)  # type: ignore[arg-type]
+    refused(cache, InvalidArgument, "int token ids", cache.extend, req, 1)
+    req.output_ids[-1] = 7
+    req.kv_len = 3.0  # type: ignore[assignment]
+    refused(cache, InvalidArgument, "kv_len", cache.extend, req, 1)
+    req.kv_len = 10
+    cache.finish(req)
+    refused(cache, InvalidArgument, "holds no request row", cache.finish, req)
+
+
+def test_an_aborted_plan_frees_its_kv() -> None:
+    cache = fresh()
+    free = cache.token_to_kv_pool_allocator.available_size()
+    req = Req(rid=9, origin_input_ids=list(range(200, 220)))
+    assert cache.admit(req)
+    assert cache.extend(req, 20) is not None
+    cache.finish(req, insert=False)
+    assert cache.token_to_kv_pool_allocator.available_size() == free
+    cache.check_invariants([])
+
+
+def test_allocation_and_eviction_arguments_are_checked_before_evicting() -> None:
+    cache = fresh(PAGED)
+    refused(cache, InvalidArgument, "multiple of page_size", cache.alloc_token_slots, 6)
+    refused(cache, InvalidArgument, "num_tokens", cache.make_room, None)
+    refused(cache, InvalidArgument, "num_states", cache.make_room, 0, -1)
+
+
+def test_radix_keys_refuse_non_int_tokens() -> None:
+    for bad in ([1, None], [1.0], [2**63], ["a"]):
+        with pytest.raises(InvalidArgument, match="int token ids"):
+            RadixKey(bad)  # type: ignore[arg-type]
+
+
+def test_locking_another_caches_node_is_refused() -> None:
+    cache, other = fresh(), fresh()
+    foreign = other.match_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]).last_node
+    refused(cache, InvalidArgument, "no longer in the tree", cache.inc_lock_ref, foreign)
+    cache.check_invariants([])
