@@ -73,7 +73,9 @@ EXAMPLES = {
       --memory-budget-gb 27.25,54.5 --out sweep.jsonl --report sweep-report
   mamba-radix sweep --definition experiments/peers.json --out peers.jsonl --jobs 4
   mamba-radix sweep --limit 1000 --mamba-track-interval 128,256,512 --out s.jsonl \\
-      --backend ray --ray-address ray://head:10001""",
+      --backend ray --ray-address ray://head:10001
+  mamba-radix sweep --limit 500 --mamba-max-states-per-path=-1,1,4 --out caps.jsonl
+      (a list that starts with a negative number needs the = form)""",
     "experiment": """examples:
   mamba-radix experiment                                   # the bundled default, a new folder
   mamba-radix experiment --limit 200 --out quick           # a quick look

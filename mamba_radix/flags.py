@@ -342,8 +342,10 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, argpar
         if f.switch:  # alone it means true; an explicit value (or a list under sweep) still works
             extra = {"nargs": "?", "const": [True] if listed else True, "metavar": "BOOL"}
             help_text += "; a switch, or true/false"
-        elif f.metavar:
-            extra["metavar"] = f.metavar
+        else:  # short placeholders: N (integer), X (number), NAME (a choice); lists under sweep
+            mv = f.metavar or {"integer": "N", "number": "X", "choice": "NAME"}.get(f.kind.__name__)
+            if mv:
+                extra["metavar"] = f"{mv}[,{mv}...]" if listed else mv
         groups[f.group].add_argument(f.flag, dest=f.dest, type=kind, default=None, help=help_text, **extra)
     return groups
 
