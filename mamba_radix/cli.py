@@ -698,17 +698,16 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def error_lines(exc: MambaRadixError) -> list[str]:
-    """The lines a library error prints as: one per problem of a definition, else its first line; Python
-    argument names mapped to the flags that set them (:func:`mamba_radix.flags.flag_message`)."""
+    """The lines a library error prints as: one per problem of a definition (in its parameter names), else
+    its first line with Python argument names mapped to the flags that set them
+    (:func:`mamba_radix.flags.flag_message`)."""
     from mamba_radix.flags import flag_message
     from mamba_radix.sim.sweep import DefinitionError
 
-    if isinstance(exc, DefinitionError):
-        lines = exc.problems
-    else:
-        text = str(exc)
-        lines = [text.splitlines()[0] if text else type(exc).__name__]
-    return [flag_message(line) for line in lines]
+    if isinstance(exc, DefinitionError):  # a definition speaks in parameter names: keep them
+        return list(exc.problems)
+    text = str(exc)
+    return [flag_message(text.splitlines()[0] if text else type(exc).__name__)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
