@@ -268,7 +268,7 @@ def _mark_zoomed_y(ax: Any, scale: float) -> None:
     unit = "%" if scale == 100.0 else ""
     ax.annotate(
         f"y axis zoomed: starts at {lo:.3g}{unit}, not 0",
-        (0.01, 0.01),
+        (0.035, 0.01),
         xycoords="axes fraction",
         ha="left",
         va="bottom",
