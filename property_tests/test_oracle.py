@@ -21,6 +21,7 @@ from mamba_radix.testing import (
 )
 from mamba_radix.testing.checks import (
     check_accounting,
+    check_cap_policy,
     check_conservation,
     check_path_cap,
     check_pools_full,
@@ -186,3 +187,114 @@ def test_fail_next_allocs_fails_then_restores() -> None:
     fault.arm(1)
     fault.disarm()
     assert pool.alloc(1) is not None
+
+
+# ------------------------------------------------------------------------------ issue 15 additions
+def test_conservation_by_counts_when_the_pool_cannot_list() -> None:
+    ok = Ownership("slots", {"tree": [1, 2], "req 1": [3]}, None, 2, 5, 1, 1)
+    check_conservation(ok)
+    with pytest.raises(SuiteViolation, match="a leak"):
+        check_conservation(Ownership("slots", {"tree": [1]}, None, 2, 5, 1, 1))
+    with pytest.raises(SuiteViolation, match="owned but free"):
+        check_conservation(Ownership("slots", {"tree": [1, 2, 3, 4]}, None, 2, 5, 1, 1))
+    rows = Ownership("rows", {"req 1": [0]}, None, 1, 2, 1, 0)  # a pool whose first index is 0
+    check_conservation(rows)
+
+
+def test_cap_policy_allows_only_non_fork_unlocked_drops_on_a_new_path() -> None:
+    # chain 1-2-3-4 with checkpoints at 1, 2 and 4; the 2-token node forks (2 -> 3 and 2 -> 9)
+    paths = {(1, 2, 3, 4): [1, 2, 3, 4], (1, 2, 9): [1, 2, 5]}
+    before = snap_of(paths, {(1,): 1, (1, 2): 2, (1, 2, 3, 4): 3})
+    new = [(N, (1, 2, 3, 4))]
+    dropped_chain = snap_of(paths, {(1, 2): 2, (1, 2, 3, 4): 3})
+    check_cap_policy(before, dropped_chain, new, 2, [], 1)  # the shallow non-fork may go
+    dropped_fork = snap_of(paths, {(1,): 1, (1, 2, 3, 4): 3})
+    with pytest.raises(SuiteViolation, match="a fork"):
+        check_cap_policy(before, dropped_fork, new, 2, [], 1)
+    with pytest.raises(SuiteViolation, match="was locked"):
+        check_cap_policy(before, dropped_chain, new, 2, [(N, (1,))], 1)
+    with pytest.raises(SuiteViolation, match="no cap is set"):
+        check_cap_policy(before, dropped_chain, new, -1, [], 1)
+    with pytest.raises(SuiteViolation, match="on no path"):
+        check_cap_policy(before, dropped_chain, [], 2, [], 1)
+    lost_kv = snap_of({(1, 2, 3, 4): [1, 2, 3, 4]}, {(1,): 1, (1, 2): 2, (1, 2, 3, 4): 3})
+    with pytest.raises(SuiteViolation, match="left the tree although nothing was evicted"):
+        check_cap_policy(before, lost_kv, new, 2, [], 1)
+
+
+def test_stamp_store_copies_and_clears() -> None:
+    from mamba_radix.testing import StampStore
+    from mamba_radix.testing.stamps import EMPTY_STAMP, fingerprint
+
+    store = StampStore()
+    assert store.read(3) == EMPTY_STAMP == expected_stamp(())
+    store.write(3, [1, 2])
+    store.copy(3, 4)
+    assert store.read(4) == expected_stamp((1, 2)) == (fingerprint([1, 2]), 2)
+    store.clear(3)
+    assert store.read(3) == EMPTY_STAMP
+    assert fingerprint([1, 2]) != fingerprint([2, 1])
+
+
+def test_known_failures_are_matched_by_type_and_message() -> None:
+    from mamba_radix.testing import FailureLog, KnownFailure, KnownIssue
+
+    issue = KnownIssue("x-1", "https://example.org/1", "demo", ("AssertionError",), "Can not alloc")
+    assert issue.matches(AssertionError("Can not alloc mamba cache"))
+    assert not issue.matches(AssertionError("other"))
+    assert not issue.matches(ValueError("Can not alloc"))
+    failure = KnownFailure(issue, "detail")
+    assert not isinstance(failure, AssertionError)  # never read as a failed check
+    log = FailureLog(examples=4)
+    log.record(failure, step=7)
+    assert log.counts == {"x-1": 1} and "1 of 4 examples" in log.summary()
+
+
+def test_profiles_live_in_the_package() -> None:
+    from hypothesis import settings
+
+    from mamba_radix.errors import ConfigError
+    from mamba_radix.testing.profiles import PROFILES, load_profile
+
+    current = settings.default
+    try:
+        assert load_profile("dev") == "dev" and settings.default.max_examples == 15
+        assert set(PROFILES) == {"ci", "dev", "thorough"}
+        with pytest.raises(ConfigError, match="not a profile"):
+            load_profile("fast")
+    finally:
+        settings.register_profile("_restore", current)
+        settings.load_profile("_restore")
+
+
+def test_suite_params_are_consistent() -> None:
+    from hypothesis import given
+
+    from mamba_radix.testing import suite_params
+
+    @given(suite_params())
+    def check(p) -> None:  # type: ignore[no-untyped-def]
+        assert p.strategy != "no_buffer" or (p.page_size == 1 and not p.overlap)
+        assert p.strategy != "extra_buffer_lazy" or p.overlap
+        assert p.track_interval % p.page_size == 0 and p.prefill_chunk % p.page_size == 0
+
+    check()
+
+
+def test_suite_imports_without_the_cache_or_torch() -> None:
+    """``mamba_radix.testing``'s own modules import neither our cache nor torch (another engine's adapter
+    needs neither). The parent package is stubbed here: its own ``__init__`` is the lead's to slim."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parent.parent / "mamba_radix"
+    code = (
+        "import sys, types\n"
+        f"m = types.ModuleType('mamba_radix'); m.__path__ = [{str(pkg)!r}]; sys.modules['mamba_radix'] = m\n"
+        "import mamba_radix.testing as t\n"
+        "bad = sorted(n for n in sys.modules if n == 'torch' or n in ('mamba_radix.cache', 'mamba_radix.tree'))\n"
+        "assert not bad, bad\n"
+        "assert t.make_machine and t.StampStore and t.suite_params\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

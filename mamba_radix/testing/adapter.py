@@ -26,7 +26,8 @@ README.md, section "Test your own cache", has a complete adapter for a toy cache
    the engine's scheduler would not make now (no slot could be had): nothing may change then.
 4. ``snapshot``: walk the tree from the root and report every resident page-aligned prefix with the KV
    indices of its last page, every checkpoint with its slot, and the prefix every node ends at, keyed by
-   the node's ``id`` attribute (or ``id(node)`` if it has none), so locks can be named. Plus the cache's
+   the node's ``id`` attribute (or ``id(node)`` if it has none; an int handle is its own id), so locks
+   can be named. Plus the cache's
    own evictable/protected counters.
 5. ``ownership``: for KV, state slots and request rows, the indices held by the tree, by each running
    request and by the fault injector, plus what the pool reports as allocated (``None`` if it cannot

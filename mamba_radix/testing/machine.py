@@ -551,6 +551,10 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 def _node_id(node: Any) -> int:
+    """A node handle's key in ``TreeSnapshot.node_keys``: an int handle is its own id; otherwise the
+    handle's ``id`` attribute, or ``id(handle)``."""
+    if isinstance(node, int) and not isinstance(node, bool):
+        return node
     return getattr(node, "id", id(node))
 
 

@@ -1,0 +1,92 @@
+"""README's "Test your own cache": the toy adapter runs as written, fits in 150 lines, and the suite it
+sets up catches a bug planted in the toy cache (so the example is a working test, not a demonstration)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from mamba_radix.testing.toy import ToyPrefixCache
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _toy_block() -> str:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Test your own cache") :]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found, "README's 'Test your own cache' section lost its Python block"
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def toy() -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(_toy_block(), "README.md[Test your own cache]", "exec"), namespace)
+    return namespace
+
+
+def test_the_adapter_fits_in_150_lines() -> None:
+    assert len(_toy_block().splitlines()) <= 150
+
+
+def test_the_block_runs_the_suite(toy: dict[str, Any]) -> None:
+    machine = toy["ToyMachine"]
+    assert machine.known_failures.examples >= 25  # it ran its examples, and passed
+    assert not machine.known_failures.counts
+
+
+BUDGET = settings(
+    max_examples=200,
+    stateful_step_count=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def _hit_past_the_last_state(original: Any) -> Any:
+    """A match that reports the KV past the deepest state as hit (LMCache #2863's symptom)."""
+
+    def match(self: ToyPrefixCache, tokens: tuple[int, ...]) -> Any:
+        hit, kv, kv_len, node = original(self, tokens)
+        if kv_len > hit and hit:
+            return kv_len, kv + [self.kv[tokens[:n]] for n in range(hit + 1, kv_len + 1)], kv_len, node
+        return hit, kv, kv_len, node
+
+    return match
+
+
+def _evict_keeps_slot(original: Any) -> Any:
+    """An eviction that never hands one freed state slot back (a leak)."""
+
+    def evict(self: ToyPrefixCache, num_tokens: int, num_states: int) -> tuple[int, int]:
+        free = len(self.slot_free)
+        out = original(self, num_tokens, num_states)
+        if len(self.slot_free) > free:
+            self.slot_free.pop()
+        return out
+
+    return evict
+
+
+@pytest.mark.parametrize(
+    ("method", "mutant"),
+    [("match", _hit_past_the_last_state), ("evict", _evict_keeps_slot)],
+    ids=["hit", "leak"],
+)
+def test_the_toy_suite_catches_a_planted_bug(
+    toy: dict[str, Any], monkeypatch: pytest.MonkeyPatch, method: str, mutant: Any
+) -> None:
+    monkeypatch.setattr(ToyPrefixCache, method, mutant(getattr(ToyPrefixCache, method)))
+    monkeypatch.setattr(ToyPrefixCache, "check", lambda self: None)  # the suite's own checks must find it
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(toy["ToyMachine"], settings=BUDGET)
