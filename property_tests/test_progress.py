@@ -68,3 +68,23 @@ def test_sweep_workers_report_progress_while_running(tmp_path: Path) -> None:
         # at least the first finished request of each run is reported from inside the run
         assert set(seen) == {"0", "1"}, jobs
         assert all(ns == sorted(ns) and 1 <= ns[0] <= 8 for ns in seen.values())
+
+
+def test_on_a_terminal_it_is_one_tqdm_bar_in_requests() -> None:
+    import pytest
+
+    pytest.importorskip("tqdm")
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    with Progress(40, 2, "sweep", stream=out) as p:
+        assert p._bar is not None and p._bar.unit == "req" and p._bar.total == 40
+        p.update("a", 10)
+        p.run_done("a", 20)
+        p.update("b", 5)
+        assert p._bar.n == 25 == p.done_requests
+    text = out.getvalue()
+    assert "sweep" in text and "req" in text and "1/2 runs" in text
