@@ -125,7 +125,8 @@ class Flag:
     commands: frozenset[str] = SIM
     group: str = "cache"
     default: Any = None
-    default_text: str | None = None
+    # shown instead of ``default``; a dict gives one text per command
+    default_text: str | dict[str, str] | None = None
     switch: bool = False
     sweep: bool = True
     metavar: str | None = None
@@ -202,6 +203,9 @@ def _cache_flags() -> list[Flag]:
     return out
 
 
+_SIM_BUDGET = "the model's deployment: kimi-k3 27.25, one TP8 rank"
+
+
 def _other_flags() -> list[Flag]:
     from mamba_radix.capacity.memory import CONV_DTYPES, KV_CACHE_DTYPES, SSM_DTYPES
     from mamba_radix.capacity.models import PRESETS
@@ -231,7 +235,8 @@ def _other_flags() -> list[Flag]:
         # memory
         Flag("--memory-budget-gb", "budget", float_in(0.0, MAX_GIB, lo_open=True),
              "KV + state memory per rank in GiB (SGLang's GB)", ALL, "memory",
-             default_text="the model's deployment (kimi-k3: 27.25, one TP8 rank) for simulate; none for plan"),
+             default_text={"plan": "none: pools are sized from a budget, --max-mamba-cache-size or --max-total-tokens",
+                           "simulate": _SIM_BUDGET, "sweep": _SIM_BUDGET}),
         Flag("--gpu-memory-gb", "plan", float_in(0.0, MAX_GIB, lo_open=True), "GPU memory (with --weights-gb)",
              PLAN, "memory"),
         Flag("--mem-fraction-static", "plan", float_in(0.0, 1.0, lo_open=True), "SGLang's static memory fraction",
@@ -301,11 +306,12 @@ _GROUP_TITLES = {
 }
 
 
-def _default_text(f: Flag) -> str | None:
-    if f.default_text and f.default_text.startswith("cost:"):
-        return f"{_cost_default(f.default_text[5:]):g}"
-    if f.default_text:
-        return f.default_text
+def _default_text(f: Flag, command: str) -> str | None:
+    text = f.default_text.get(command) if isinstance(f.default_text, dict) else f.default_text
+    if text and text.startswith("cost:"):
+        return f"{_cost_default(text[5:]):g}"
+    if text:
+        return text
     if f.default is None:
         return None
     if isinstance(f.default, bool):
@@ -336,7 +342,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, argpar
             )
         listed = sweep and f.sweep
         kind = _list_of(f.kind) if listed else f.kind
-        default = _default_text(f)
+        default = _default_text(f, command)
         help_text = f.help + (f" (default {default})" if default is not None else "")
         extra: dict[str, Any] = {}
         if f.switch:  # alone it means true; an explicit value (or a list under sweep) still works
