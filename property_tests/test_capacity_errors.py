@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mamba_radix.capacity import (
     PRESETS,
@@ -208,18 +210,36 @@ def test_absurd_lengths_are_refused_at_once_instead_of_looping() -> None:
         expected_checkpoints(CacheConfig(mamba_radix_cache_strategy="extra_buffer"), 10, 10**15)
 
 
-@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
-@pytest.mark.parametrize("chunk", [-1, 1, 100, 2048, 8192])
-@pytest.mark.parametrize(("input_len", "output_len", "cached"), [(1, 0, 0), (5000, 700, 0), (8193, 1, 4096)])
+@given(
+    strategy=st.sampled_from(["no_buffer", "extra_buffer"]),
+    chunk=st.sampled_from([-1, 1, 7, 64, 100, 256, 2048]),
+    interval=st.sampled_from([1, 16, 64, 256]),
+    input_len=st.integers(1, 5000),
+    output_len=st.integers(0, 3000),
+    cached_frac=st.floats(0, 1, exclude_max=True),
+)
 def test_checkpoints_are_counted_in_closed_form_exactly(
-    strategy: str, chunk: int, input_len: int, output_len: int, cached: int
-) -> None:
+    strategy, chunk, interval, input_len, output_len, cached_frac
+):
+    """The O(1) counts equal the lengths of the position lists (chunk tails equal to the grid included)."""
     from mamba_radix.capacity.planner import decode_checkpoint_positions, prefill_checkpoint_positions
 
-    config = CacheConfig(mamba_radix_cache_strategy=strategy, chunked_prefill_size=chunk)
+    config = CacheConfig(
+        mamba_radix_cache_strategy=strategy, chunked_prefill_size=chunk, mamba_track_interval=interval
+    )
+    cached = int(input_len * cached_frac)
     count = expected_checkpoints(config, input_len, output_len, cached)
     assert count.prefill == len(prefill_checkpoint_positions(config, input_len, cached))
     assert count.decode == len(decode_checkpoint_positions(config, input_len, output_len))
+
+
+def test_checkpoint_count_of_a_chunk_tail_exactly_on_the_grid() -> None:
+    config = CacheConfig(
+        mamba_radix_cache_strategy="extra_buffer", chunked_prefill_size=100, mamba_track_interval=16
+    )
+    grid = config.mamba_checkpoint_grid
+    count = expected_checkpoints(config, 200 + grid, 1)  # two full chunks, then a tail of exactly one grid
+    assert count.prefill == 3
 
 
 def test_a_request_of_2_31_minus_1_tokens_plans_in_constant_time() -> None:
