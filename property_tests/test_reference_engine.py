@@ -36,7 +36,7 @@ transformers = pytest.importorskip(
     reason="the reference engine needs transformers>=5.23 (pip install 'mamba-radix[engine]')",
 )
 
-from mamba_radix import CacheConfig, state_ops  # noqa: E402
+from mamba_radix import CacheConfig, buffers, state_ops  # noqa: E402
 from mamba_radix.pools import TokenToKVPoolAllocator  # noqa: E402
 from mamba_radix.reference_engine import LOGIT_ATOL, tiny_model  # noqa: E402
 from mamba_radix.reference_engine.engine import (  # noqa: E402
@@ -320,12 +320,14 @@ def test_cached_generation_equals_uncached(family, strategy, scenario):
 
 
 # ------------------------------------------------------------------------------ engine: planted bugs
-def _plant(monkeypatch, family: str, bug: str) -> dict[str, int]:
-    """Make the model side of the engine write states wrong, the way real engines have (SGLang #39342,
-    #34780, LMCache #2863, vLLM #57128). Returns a counter of forwards the bug actually changed."""
+def _plant(monkeypatch, family: str, strategy: str, bug: str) -> dict[str, int]:
+    """Plant a state bug of the kinds real engines have shipped (SGLang #39342, #34780, LMCache #2863,
+    vLLM #57128): the model side writes a state at the wrong position or not at all, a copy writes
+    nothing, or (``attach_*``, the cache side) a right state is attached to the tree one token or one
+    grid step off. Returns a counter of the calls the bug actually changed."""
     m = model(family)
     original = m.forward_span
-    planted = {"forwards": 0}
+    planted = {"changes": 0}
 
     def buggy(
         pools, token_ids, start, prefix_kv, new_kv, read_slot, write_slot, track_len=None, track_slot=None
@@ -335,26 +337,38 @@ def _plant(monkeypatch, family: str, bug: str) -> dict[str, int]:
             shifted = track_len + {"track_minus_1": -1, "track_plus_1": 1, "track_minus_grid": -GRID}[bug]
             if start < shifted <= end:  # the checkpoint's state is written at the wrong position
                 track_len = shifted
-                planted["forwards"] += 1
+                planted["changes"] += 1
         elif track_len is not None and bug == "skip_track_write":  # the track slot keeps stale contents
             track_len = track_slot = None
-            planted["forwards"] += 1
+            planted["changes"] += 1
         elif track_len is None and bug == "live_minus_1" and len(token_ids) > 1:
             # prefill chunk: the live slot gets the state one token before the chunk end
-            planted["forwards"] += 1
+            planted["changes"] += 1
             return original(pools, token_ids, start, prefix_kv, new_kv, read_slot, 0, end - 1, write_slot)
         return original(
             pools, token_ids, start, prefix_kv, new_kv, read_slot, write_slot, track_len, track_slot
         )
 
     monkeypatch.setattr(m, "forward_span", buggy)
-    if (
-        bug == "copy_writes_nothing"
-    ):  # copy-on-write and no_buffer's donation copies leave the target unwritten
+    if bug.startswith("attach_"):  # the cache side: the state is right, its tree node one token/step off
+        shift = {"attach_plus_1": 1, "attach_minus_1": -1, "attach_plus_grid": GRID}[bug]
+        strategy_cls = buffers.BUFFER_STRATEGIES[strategy]
+        true_len = strategy_cls.checkpoint_len
+
+        def attach_off(self, req):
+            length = true_len(self, req)
+            if length is not None and req.cache_protected_len < length + shift <= req.kv_len:
+                planted["changes"] += 1
+                return length + shift
+            return length
+
+        monkeypatch.setattr(strategy_cls, "checkpoint_len", attach_off)
+    if bug == "copy_writes_nothing":
+        # copy-on-write and no_buffer's donation copies leave the target unwritten
         calls = planted
 
         def no_copy(tensors, src, dst, **kwargs):
-            calls["forwards"] += 1
+            calls["changes"] += 1
 
         monkeypatch.setattr(state_ops, "copy_slots", no_copy)
     return planted
@@ -368,6 +382,9 @@ PLANTED = (
     ]
     + [(strategy, "copy_writes_nothing") for strategy in STRATEGIES]
     + [("no_buffer", "live_minus_1")]
+    # the cache side: a right state attached to the tree one token or one grid step off
+    + [("extra_buffer", bug) for bug in ("attach_plus_1", "attach_minus_1", "attach_plus_grid")]
+    + [("no_buffer", "attach_minus_1")]
 )
 
 
@@ -375,9 +392,9 @@ PLANTED = (
 @pytest.mark.parametrize("family", FAMILIES)
 def test_planted_bug_is_caught(monkeypatch, family, strategy, bug):
     """Each planted state bug is seen by the checkpoint checks (restored logits or the tree audit)."""
-    planted = _plant(monkeypatch, family, bug)
+    planted = _plant(monkeypatch, family, strategy, bug)
     engine, served = serve(family, strategy, "branching")
-    assert planted["forwards"] > 0, f"{bug} was never exercised: the scenario does not test it"
+    assert planted["changes"] > 0, f"{bug} was never exercised: the scenario does not test it"
     found = failures(family, engine, served)
     assert found["restored"] or found["audit"], found
 
