@@ -10,9 +10,10 @@ flight, chunked prefill of 16 tokens, checkpoint grid 8, decode interval 8). Thr
 2. the logits of the first forward after every restored checkpoint equal a from-scratch forward within
    :data:`~mamba_radix.reference_engine.LOGIT_ATOL` (derivation at its definition), and every checkpoint
    left in the tree, probed with one token, does too;
-3. planted bugs (a tracked state written one token or one grid step off, a track write skipped, a
-   copy-on-write or donation copy that writes nothing, the live state written one token off) make at
-   least one of those checks fail.
+3. planted bugs make at least one of those checks fail: a tracked state written one token or one grid
+   step off, a track write skipped, a copy-on-write or donation copy that writes nothing, the live state
+   written one token off, and (cache side) a right state attached to the tree one token or one grid
+   step off.
 
 The same checks also run under eviction pressure (KV and checkpoints evicted while requests are in
 flight) and with paged KV (page size 4).
