@@ -349,6 +349,7 @@ class MambaRadixCache(RequestLifecycle):
         self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
     ) -> tuple[InsertResult, TreeInsert]:
         self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
+        self._check_not_tree_kv(key, kv_indices, prev_prefix_len)
         return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
 
     def _insert_below(
@@ -370,6 +371,23 @@ class MambaRadixCache(RequestLifecycle):
         else:
             self.stats.checkpoints_inserted += 1
         return InsertResult(done.prefix_len, done.mamba_exists), done
+
+    def _check_not_tree_kv(self, key: RadixKey, kv_indices: torch.Tensor, prev_prefix_len: int) -> None:
+        """The insert frees the caller's KV where the tree already holds the key, past ``prev_prefix_len``:
+        there it must not be the tree's own indices (they would be freed under the tree). Read-only walk,
+        O(L)."""
+        if not isinstance(kv_indices, torch.Tensor) or not isinstance(prev_prefix_len, int):
+            return  # the tree's own argument checks report these
+        path, pos, partial = self.tree._walk(key.token_ids, key.extra_key)
+        matched = min(pos + partial, kv_indices.numel())
+        if matched <= prev_prefix_len:
+            return
+        tree_kv = torch.cat([node.value for node in path])[prev_prefix_len:matched]
+        if bool((tree_kv == kv_indices[prev_prefix_len:matched]).any()):
+            raise InvalidArgument(
+                f"the KV indices at [{prev_prefix_len}, {matched}) are already the tree's; pass "
+                "prev_prefix_len = the length of the prefix the tree holds, or fresh indices"
+            )
 
     def _check_owned_by_caller(self, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int) -> None:
         """The caller hands over KV ``[prev_prefix_len, L)`` and the slot: both must be allocated (the

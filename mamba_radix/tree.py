@@ -350,15 +350,6 @@ class RadixTree:
                 f"prev_prefix_len={prev_prefix_len} but the tree holds only {pos + partial} tokens of this "
                 "key; pass the length of the locked prefix the request matched (cache_protected_len)"
             )
-        matched = pos + partial
-        if matched > prev_prefix_len:  # the caller's KV there is freed as duplicates: it must not be ours
-            tree_kv = torch.cat([node.value for node in path])[prev_prefix_len:matched]
-            if bool((tree_kv == value[prev_prefix_len:matched]).any()):
-                raise InvalidArgument(
-                    f"the KV indices at [{prev_prefix_len}, {matched}) are already the tree's; pass "
-                    "prev_prefix_len = the length of the prefix the tree holds (cache_protected_len), or "
-                    "fresh indices"
-                )
         now = self.tick()
         if num_tokens == 0:
             return TreeInsert(start.depth, True, start, _empty_kv(self.device), [])
