@@ -44,11 +44,13 @@ def suite_params(
     kv_only_leaves: Sequence[bool] = (False, True),
     kv_tokens: tuple[int, int] = (12, 64),
     spare_slots: tuple[int, int] | None = None,
+    prefill_chunks: Sequence[int] = (2, 3, 4, 6, 8),
 ) -> SuiteParams:
     """A consistent :class:`SuiteParams`. ``strategies``/``page_sizes``/``caps``/``kv_only_leaves``: the
     choices (pass a single one to fix a knob); ``kv_tokens``: the KV pool's range in tokens. State slots
     range from one request's share (:func:`slots_per_request`) to three requests' worth plus four
-    checkpoints, or to the share plus ``spare_slots`` (a range) when given."""
+    checkpoints, or to the share plus ``spare_slots`` (a range) when given. ``prefill_chunks``: the
+    unpaged chunk sizes (paged: one to three pages)."""
     strategy = draw(st.sampled_from(list(strategies)))
     page = 1 if strategy == "no_buffer" else draw(st.sampled_from(list(page_sizes)))
     overlap = {"no_buffer": False, "extra_buffer_lazy": True}.get(strategy)
@@ -66,7 +68,9 @@ def suite_params(
         req_rows=draw(st.integers(1, 3)),
         state_chunk=draw(st.sampled_from([1, 2, 4])),
         # a page multiple when paged: chunks then start on page boundaries, so checkpoints land on pages
-        prefill_chunk=draw(st.sampled_from([2, 3, 4, 6, 8])) if page == 1 else page * draw(st.integers(1, 3)),
+        prefill_chunk=draw(st.sampled_from(list(prefill_chunks)))
+        if page == 1
+        else page * draw(st.integers(1, 3)),
         track_interval=page * draw(st.integers(1, 3)),
         kv_only_leaves=draw(st.sampled_from(list(kv_only_leaves))),
     )

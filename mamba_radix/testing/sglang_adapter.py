@@ -104,7 +104,8 @@ def sglang_params(draw: st.DrawFn) -> SuiteParams:
     1, 2 or 4, with or without overlap: ping-pong of 2 or 1); the state chunk a multiple of the page
     (``mamba_cache_chunk_size`` is); no per-path cap and no KV-only leaves (not in 0.5.20). KV pools of
     24-96 tokens: its admission reserves every request's output, so smaller pools would refuse most.
-    State pools of one request's share plus 0-3: slot pressure is where its known failure lives."""
+    State pools of one request's share plus 0-3 and short prefill chunks (several hand-overs per request):
+    slot pressure at a hand-over is where its known failure lives."""
     base = draw(
         suite_params(
             strategies=("no_buffer", "extra_buffer"),
@@ -112,6 +113,7 @@ def sglang_params(draw: st.DrawFn) -> SuiteParams:
             kv_only_leaves=(False,),
             kv_tokens=(24, 96),
             spare_slots=(0, 3),
+            prefill_chunks=(2, 3, 4),
         ).filter(lambda p: p.state_chunk % p.page_size == 0)
     )
     return base
