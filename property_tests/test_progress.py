@@ -88,3 +88,11 @@ def test_on_a_terminal_it_is_one_tqdm_bar_in_requests() -> None:
         assert p._bar.n == 25 == p.done_requests
     text = out.getvalue()
     assert "sweep" in text and "req" in text and "1/2 runs" in text
+
+
+def test_slow_rates_keep_their_digits() -> None:
+    clock = FakeClock()
+    p = Progress(10, 1, "x", stream=io.StringIO(), clock=clock)
+    clock.t += 27
+    p.update("r", 10)
+    assert "0.37 req/s" in p.line()

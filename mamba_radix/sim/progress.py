@@ -109,7 +109,7 @@ class Progress:
         eta = "0s" if left <= 0 else (format_duration(left / rate) if rate > 0 and settled else "?")
         return (
             f"{self.desc}: {self.done_requests:,}/{self.total_requests:,} requests ({pct:.1f}%), "
-            f"{self._runs_text()}, {rate:,.0f} req/s, elapsed {format_duration(elapsed)}, ETA {eta}"
+            f"{self._runs_text()}, {_rate(rate)} req/s, elapsed {format_duration(elapsed)}, ETA {eta}"
         )
 
     def _maybe_line(self) -> None:
@@ -136,6 +136,11 @@ class Progress:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(final_line=exc_type is None)  # an error says what happened, not a progress line
+
+
+def _rate(rate: float) -> str:
+    """``287``, ``5.5``, ``0.37``: whole numbers from 10 up, two significant digits below."""
+    return f"{rate:,.0f}" if rate >= 10 else f"{rate:.2g}"
 
 
 def _isatty(stream: TextIO) -> bool:
