@@ -147,8 +147,8 @@ def copy_slots_ref(tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: torc
 def fork_slots_ref(tensors: Sequence[torch.Tensor], src: int, dst: torch.Tensor) -> None:
     """``t[:, dst[i]] = t[:, src]`` for every ``i`` and every tensor ``t`` (one slot into k slots)."""
     dst = _as_index(dst, "dst")
-    if isinstance(src, bool) or not isinstance(src, int) or src < 0:
-        raise InvalidArgument(f"src must be a non-negative int slot, got {src!r}")
+    if isinstance(src, bool) or not isinstance(src, int):  # negative: every pair skipped, as the kernel
+        raise InvalidArgument(f"src must be an int slot, got {src!r}")
     move_slots_ref(tensors, tensors, torch.full_like(dst, src, dtype=torch.int64), dst)
 
 

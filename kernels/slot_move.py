@@ -5,10 +5,12 @@ Each launcher issues **one** kernel launch for all layers and for all (up to fou
 Nothing here synchronises with the host, the grid depends only on the batch length and the shapes (so a
 launch can be captured in a CUDA graph), and all slot offsets are 64-bit inside the kernel.
 
-These launchers check the *layout* (devices, layer counts, dtypes, inner contiguity), which is what memory
-safety needs without reading index values. They do **not** read the indices: out-of-range slots, duplicate
-destinations and a slot that is both read and written are preconditions, checked by
-:mod:`mamba_radix.state_ops` (which is the public entry point). The result of every launcher is specified by
+These launchers check the *layout* (devices, layer counts, dtypes, inner contiguity, buffers long enough for
+``num_pairs``, a scalar source inside the pool), which is what memory safety needs without reading index
+values. On CUDA they do **not** read the indices: out-of-range slots, duplicate destinations and a slot
+that is both read and written are preconditions, checked by :mod:`mamba_radix.state_ops` (which is the
+public entry point). Under the interpreter (CPU tensors) reading indices costs no device sync, so their
+range is checked there too: an out-of-range index would otherwise write outside the tensor's memory. The result of every launcher is specified by
 the torch function of the same name in :mod:`mamba_radix_kernels.naive`.
 
 Triton is optional: without it (or without a usable backend) :data:`HAS_TRITON` is False, the launchers
@@ -19,6 +21,7 @@ this package is imported: Triton reads it when a kernel is decorated).
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -114,7 +117,8 @@ def _as_device_index(x: torch.Tensor, name: str, device: torch.device) -> torch.
     if (
         not isinstance(x, torch.Tensor)
         or x.dtype.is_floating_point
-        or x.dtype in (torch.bool, torch.complex64)
+        or x.dtype.is_complex
+        or x.dtype == torch.bool
     ):
         raise InvalidArgument(
             f"{name} must be an integer tensor, got {type(x).__name__} {getattr(x, 'dtype', '')}"
@@ -153,6 +157,25 @@ def move_slots_triton(
             f"triton is not importable ({TRITON_IMPORT_ERROR!r}); use the torch reference "
             "(mamba_radix_kernels.naive) or install triton"
         )
+    for name, seq in (("srcs", srcs), ("dsts", dsts)):
+        if isinstance(seq, (torch.Tensor, str, bytes)) or not isinstance(seq, Sequence):
+            raise InvalidArgument(f"{name} must be a list of tensors, got {type(seq).__name__}")
+    if isinstance(num_pairs, bool) or not isinstance(num_pairs, int):
+        raise InvalidArgument(f"num_pairs must be an int, got {type(num_pairs).__name__} {num_pairs!r}")
+    for name, value in (("block", block), ("num_warps", num_warps)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1)
+        ):
+            raise InvalidArgument(f"{name} must be a power-of-two int, got {value!r}")
+    if src_scalar is not None:
+        try:
+            if isinstance(src_scalar, bool):
+                raise TypeError
+            src_scalar = operator.index(src_scalar)  # ints and numpy ints; not floats, strings, bools
+        except TypeError:
+            raise InvalidArgument(
+                f"src_scalar must be an int slot, got {type(src_scalar).__name__} {src_scalar!r}"
+            ) from None
     if len(srcs) != len(dsts) or len(srcs) == 0:
         raise InvalidArgument(
             f"got {len(srcs)} source and {len(dsts)} destination tensors; pass one destination per source"
@@ -170,6 +193,16 @@ def move_slots_triton(
         raise InvalidArgument(f"num_pairs={num_pairs} is negative")
     if num_pairs == 0 or num_layers == 0:
         return
+    # Layout facts known on the host (no sync): identity-indexed sides must hold num_pairs slots, and a
+    # scalar source must be a slot of every source tensor.
+    src_slots = min(t.shape[1] for t in srcs)
+    dst_slots = min(t.shape[1] for t in dsts)
+    if src_index is None and src_scalar is None and src_slots < num_pairs:
+        raise InvalidArgument(f"the source buffers hold {src_slots} slots but num_pairs is {num_pairs}")
+    if dst_index is None and dst_slots < num_pairs:
+        raise InvalidArgument(f"the destination buffers hold {dst_slots} slots but num_pairs is {num_pairs}")
+    if src_scalar is not None and src_scalar >= src_slots:  # negative: the documented "skip every pair"
+        raise InvalidArgument(f"src_scalar {src_scalar} is outside the source slots 0..{src_slots - 1}")
 
     # Integer views: the kernel moves bits, so bf16/fp16 share one specialisation and fp8 needs no support.
     srcs_b = [bits_view(s) for s in srcs]
@@ -188,13 +221,16 @@ def move_slots_triton(
         dst_mode = _k.INDEX_TENSOR
     else:
         dst_mode = _k.INDEX_IDENTITY
-    for name, idx in (("src_index", src_index), ("dst_index", dst_index)):
+    for name, idx, slots in (("src_index", src_index, src_slots), ("dst_index", dst_index, dst_slots)):
         if idx is not None and idx.numel() != num_pairs:
             raise InvalidArgument(f"{name} has {idx.numel()} entries, expected num_pairs={num_pairs}")
+        if idx is not None and device.type != "cuda" and bool((idx >= slots).any()):
+            # the interpreter: a host read, no sync; negative entries are the documented "skip"
+            raise InvalidArgument(f"{name} {int(idx.max())} is outside the tensors' slots 0..{slots - 1}")
     if mask is not None:
-        if mask.dtype != torch.bool or mask.numel() != num_pairs:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.numel() != num_pairs:
             raise InvalidArgument(
-                f"mask must be a bool tensor of {num_pairs} entries, got {mask.dtype} with {mask.numel()}"
+                f"mask must be a bool tensor of {num_pairs} entries, got {getattr(mask, 'dtype', type(mask).__name__)}"
             )
         mask = mask.reshape(-1).to(device, non_blocking=True).contiguous().view(torch.uint8)
 
@@ -247,16 +283,23 @@ def triton_next_pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
+def _num_pairs(index: object, name: str) -> int:
+    """``index.numel()`` for the launchers' index arguments, which must be integer tensors."""
+    if not isinstance(index, torch.Tensor):
+        raise InvalidArgument(f"{name} must be an integer tensor of slot indices, got {type(index).__name__}")
+    return index.numel()
+
+
 def copy_slots_triton(
     tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor, **kw: Any
 ) -> None:
     """``t[:, dst[i]] = t[:, src[i]]`` for every tensor, one launch. Preconditions: see the module docstring."""
-    move_slots_triton(tensors, tensors, num_pairs=dst.numel(), src_index=src, dst_index=dst, **kw)
+    move_slots_triton(tensors, tensors, num_pairs=_num_pairs(dst, "dst"), src_index=src, dst_index=dst, **kw)
 
 
 def fork_slots_triton(tensors: Sequence[torch.Tensor], src: int, dst: torch.Tensor, **kw: Any) -> None:
     """``t[:, dst[i]] = t[:, src]`` for every tensor, one launch; ``src`` is a host int (no index tensor)."""
-    move_slots_triton(tensors, tensors, num_pairs=dst.numel(), src_scalar=int(src), dst_index=dst, **kw)
+    move_slots_triton(tensors, tensors, num_pairs=_num_pairs(dst, "dst"), src_scalar=src, dst_index=dst, **kw)
 
 
 def track_slots_triton(
@@ -264,7 +307,13 @@ def track_slots_triton(
 ) -> None:
     """``t[:, track[i]] = t[:, active[i]]`` where ``mask[i]`` and both indices ``>= 0``; static grid, no sync."""
     move_slots_triton(
-        tensors, tensors, num_pairs=track.numel(), src_index=active, dst_index=track, mask=mask, **kw
+        tensors,
+        tensors,
+        num_pairs=_num_pairs(track, "track"),
+        src_index=active,
+        dst_index=track,
+        mask=mask,
+        **kw,
     )
 
 
@@ -272,11 +321,11 @@ def gather_slots_triton(
     tensors: Sequence[torch.Tensor], slots: torch.Tensor, out: Sequence[torch.Tensor], **kw: Any
 ) -> None:
     """``out[j][l, i] = tensors[j][l, slots[i]]``; ``out`` on the pool's device, any layer/slot strides."""
-    move_slots_triton(tensors, out, num_pairs=slots.numel(), src_index=slots, **kw)
+    move_slots_triton(tensors, out, num_pairs=_num_pairs(slots, "slots"), src_index=slots, **kw)
 
 
 def scatter_slots_triton(
     tensors: Sequence[torch.Tensor], slots: torch.Tensor, src: Sequence[torch.Tensor], **kw: Any
 ) -> None:
     """``tensors[j][l, slots[i]] = src[j][l, i]``; ``src`` on the pool's device, any layer/slot strides."""
-    move_slots_triton(src, tensors, num_pairs=slots.numel(), dst_index=slots, **kw)
+    move_slots_triton(src, tensors, num_pairs=_num_pairs(slots, "slots"), dst_index=slots, **kw)

@@ -21,6 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mamba_radix_kernels import naive, slot_move
 
+from mamba_radix.errors import InvalidArgument
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.skipif(
     not slot_move.triton_usable(DEVICE),
@@ -364,3 +366,33 @@ def test_sm90_compile_detects_scalar_fallback_for_odd_sizes(sm90: dict[str, dict
     r = sm90["odd-bf16-copy"]
     assert r["v4_loads"] == 0 and r["i64_multiplies"] == 4
     assert "ld.global.b16" in r["narrow_accesses"] and "st.global.b16" in r["narrow_accesses"]
+
+
+# ------------------------------------------------------------------------------- launcher refusals
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: K.copy_slots_triton(p, idx([1]), idx([99])),  # past the pool: would write outside it
+        lambda p: K.copy_slots_triton(p, idx([99]), idx([1])),
+        lambda p: K.fork_slots_triton(p, 99, idx([1])),
+        lambda p: K.fork_slots_triton(p, "1", idx([1])),
+        lambda p: K.gather_slots_triton(p, idx([1, 2]), [torch.zeros_like(t[:, :1]) for t in p]),  # out too short
+        lambda p: K.scatter_slots_triton(p, idx([1, 2]), [torch.zeros_like(t[:, :1]) for t in p]),
+        lambda p: K.copy_slots_triton(p, [1], [2]),
+        lambda p: K.move_slots_triton(p, p, num_pairs="1", src_index=idx([1]), dst_index=idx([2])),
+        lambda p: K.move_slots_triton(p, p, num_pairs=1, src_index=idx([1]), dst_index=idx([2]), block=3),
+        lambda p: K.track_slots_triton(p, idx([1]), idx([2]), [True]),
+    ],
+    ids=["dst-past-pool", "src-past-pool", "scalar-past-pool", "scalar-str", "gather-short", "scatter-short",
+         "lists", "num-pairs-str", "block-3", "mask-list"],
+)  # fmt: skip
+def test_launchers_refuse_what_would_touch_memory_outside_the_tensors(call: Callable) -> None:
+    """Layout facts (buffer lengths, a scalar source) are checked without a device sync; under the
+    interpreter index values too (an out-of-range index corrupted the heap)."""
+    if not slot_move.triton_usable("cpu"):
+        pytest.skip("needs the Triton interpreter")
+    pool = make_pool(specs_for(torch.float16))
+    before = clone_all(pool)
+    with pytest.raises(InvalidArgument):
+        call(pool)
+    assert_bits_equal(pool, before, "refused launch")
