@@ -21,6 +21,13 @@ from mamba_radix.testing import MambaRadixAdapter, make_machine, radix_params
 from mamba_radix.tree import Freed, RadixTree
 
 AnyConfigMachine = make_machine(MambaRadixAdapter, radix_params(), "AnyConfigMachine")
+# the cap's policy only matters with a cap, and is judged in steps that evict nothing: the cap mutant is
+# searched for among capped configurations with roomy pools
+CappedMachine = make_machine(
+    MambaRadixAdapter,
+    radix_params(caps=(1, 2), kv_tokens=(48, 64), spare_slots=(6, 12)),
+    "CappedMachine",
+)
 
 BUDGET = settings(
     max_examples=300,
@@ -133,13 +140,15 @@ def test_suite_catches_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> Non
     MUTANTS[name](monkeypatch)
     monkeypatch.setattr(MambaRadixCache, "check_invariants", lambda self, running_reqs=None: None)
     start = time.perf_counter()
+    machine = CappedMachine if name.startswith("cap_") else AnyConfigMachine
     with pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(AnyConfigMachine, settings=BUDGET)
+        run_state_machine_as_test(machine, settings=BUDGET)
     print(
         f"{name}: caught in {time.perf_counter() - start:.1f}s: {(str(caught.value).splitlines() or [type(caught.value).__name__])[0]}"
     )
 
 
-def test_unmutated_cache_passes_the_same_budget() -> None:
-    """The control: the same bounded run without a mutant finds nothing, so a mutant's failure is its own."""
-    run_state_machine_as_test(AnyConfigMachine, settings=BUDGET)
+@pytest.mark.parametrize("machine", [AnyConfigMachine, CappedMachine], ids=["any", "capped"])
+def test_unmutated_cache_passes_the_same_budget(machine) -> None:  # type: ignore[no-untyped-def]
+    """The control: the same bounded runs without a mutant find nothing, so a mutant's failure is its own."""
+    run_state_machine_as_test(machine, settings=BUDGET)

@@ -75,12 +75,14 @@ def radix_params(
     draw: st.DrawFn,
     strategies: Sequence[str] = ("no_buffer", "extra_buffer", "extra_buffer_lazy"),
     page_sizes: Sequence[int] = (1, 2, 4),
+    caps: Sequence[int] = (-1, -1, 1, 2, 3),
+    **suite: Any,
 ) -> SuiteParams:
     """Valid, tiny configurations of :class:`MambaRadixCache`: :func:`suite_params` (the shared rules:
     no_buffer needs page size 1 and runs without overlap; lazy needs overlap; the track interval is a
-    page multiple) plus this cache's own knobs (branch-and-end admission needs extra_buffer). The FLOP
+    page multiple; ``suite``: more of its arguments) plus this cache's own knobs (branch-and-end admission needs extra_buffer). The FLOP
     crossover is drawn down to a few tokens so the quadratic term matters for these short sequences."""
-    base = draw(suite_params(strategies=strategies, page_sizes=page_sizes))
+    base = draw(suite_params(strategies=strategies, page_sizes=page_sizes, caps=caps, **suite))
     fields = {k: getattr(base, k) for k in SuiteParams.__dataclass_fields__}
     return RadixSuiteParams(
         **fields,
