@@ -173,12 +173,13 @@ def every_forward_error(engine: ReferenceEngine) -> float:
     return worst
 
 
-def failures(family: str, engine: ReferenceEngine, served) -> dict[str, object]:
-    """Every check's failures (empty lists when all hold) and the largest differences seen."""
+def failures(family: str, engine: ReferenceEngine, served, check_tokens: bool = True) -> dict[str, object]:
+    """Every check's failures (empty lists when all hold) and the largest differences seen.
+    ``check_tokens=False`` skips the greedy oracle (the planted-bug tests need only the checkpoint checks)."""
     restored = restored_logit_errors(engine)
     audits = audit_checkpoints(engine)
     return {
-        "tokens": token_mismatches(family, served),
+        "tokens": token_mismatches(family, served) if check_tokens else [],
         "restored": [e for e in restored if e > LOGIT_ATOL],
         "audit": [(a.depth, a.max_abs_diff) for a in audits if a.max_abs_diff > LOGIT_ATOL],
         "max_restored": max(restored, default=0.0),
@@ -396,7 +397,7 @@ def test_planted_bug_is_caught(monkeypatch, family, strategy, bug):
     planted = _plant(monkeypatch, family, strategy, bug)
     engine, served = serve(family, strategy, "branching")
     assert planted["changes"] > 0, f"{bug} was never exercised: the scenario does not test it"
-    found = failures(family, engine, served)
+    found = failures(family, engine, served, check_tokens=False)
     assert found["restored"] or found["audit"], found
 
 
