@@ -124,13 +124,15 @@ def fingerprint_extend(fp: int, tokens: Sequence[int] | np.ndarray) -> int:
     n = len(arr)
     if n == 0:
         return fp
+    top_id = int(arr.max()) == _INT63 - 1
     parts = []
     for i, (powers, modulus) in enumerate(zip(_POWERS, _MODULI, strict=True)):
         h = (fp >> (32 * i)) & 0xFFFFFFFF
         pw = powers.upto(n + 1)
         # sum_j a_j * B^(n-1-j) with a_j = t_j + 1 (+1: a leading token 0 must change the hash), reduced
         # first so that t_j = 2**63 - 1 cannot overflow; every product of residues is < 2**62
-        terms = (arr % modulus + 1) % modulus * pw[n - 1 :: -1][:n] % modulus
+        a = (arr % modulus + 1) if top_id else (arr + 1)
+        terms = a % modulus * pw[n - 1 :: -1][:n] % modulus
         h = (h * int(pw[n]) + int(terms.sum() % modulus)) % modulus
         parts.append(h)
     return parts[0] | (parts[1] << 32)

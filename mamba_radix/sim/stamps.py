@@ -77,6 +77,7 @@ class PrefixFingerprints:
         )
         if arr is None or (arr.size and int(arr.min()) < 0):
             arr = as_token_array(tokens)
+        top_id = bool(arr.size) and int(arr.max()) == 2**63 - 1
         self.length = int(arr.shape[0])
         self._sums: list[np.ndarray] = []
         self._pow_base: list[np.ndarray] = []
@@ -86,8 +87,9 @@ class PrefixFingerprints:
                 self._pow_base.append(arr)
                 continue
             # a_j * C^j < 2**62; the running sum of up to 2**31 terms below 2**31 stays below 2**62
-            # (t mod p + 1) mod p == (t + 1) mod p, without overflowing int64 at t = 2**63 - 1
-            terms = (arr % modulus + 1) % modulus * inv_pows.upto(self.length) % modulus
+            # a_j = (t_j + 1) mod p; t + 1 overflows int64 only at t = 2**63 - 1, where it is reduced first
+            a = (arr % modulus + 1) if top_id else (arr + 1)
+            terms = a % modulus * inv_pows.upto(self.length) % modulus
             self._sums.append(np.cumsum(terms) % modulus)
             self._pow_base.append(base_pows.upto(self.length))
 
