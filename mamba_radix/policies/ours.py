@@ -34,10 +34,15 @@ Online: nothing here looks at the future; ``req.rid`` is only used to count admi
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+
 from mamba_radix.policy import CachePolicy
+from mamba_radix.sim.stamps import PrefixFingerprints
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.eviction import EvictionIndex
@@ -76,6 +81,7 @@ class Sift(CachePolicy):
     """Learned kind-aware admission and supersession-aware LRU (see the module docstring)."""
 
     name: ClassVar[str] = "sift"
+    needs_prefix_fingerprints: ClassVar[bool] = True  # ghost entries are (depth, prefix fingerprint)
 
     def __init__(
         self,
@@ -88,6 +94,10 @@ class Sift(CachePolicy):
         kv_only_first: bool = True,
         supersede: bool = True,
         learn_admission: bool = True,
+        continuation: bool = False,
+        ghost_size: int = 4096,
+        fine_classes: bool = False,
+        relative_decline: bool = False,
     ) -> None:
         super().__init__()
         self.min_rate = min_rate
@@ -98,13 +108,22 @@ class Sift(CachePolicy):
         self.kv_only_first = kv_only_first
         self.supersede = supersede
         self.learn_admission = learn_admission
-        self.created = dict.fromkeys(KINDS, 0)
-        self.hits = dict.fromkeys(KINDS, 0)
-        self.evicted_unhit = dict.fromkeys(KINDS, 0)
+        self.continuation = continuation
+        self.ghost_size = ghost_size
+        self.fine_classes = fine_classes
+        self.relative_decline = relative_decline
+        # evicted, never-hit checkpoints: (depth, prefix fingerprint) -> kind, oldest first
+        self._ghost: OrderedDict[tuple[int, int], str] = OrderedDict()
+        self._ghost_probe: tuple[object, int, str | None] = (None, 0, None)  # (rid, depth, kind)
+        self.ghost_hits: defaultdict[str, int] = defaultdict(int)
+        self.created: defaultdict[str, int] = defaultdict(int)
+        self.hits: defaultdict[str, int] = defaultdict(int)
+        self.evicted_unhit: defaultdict[str, int] = defaultdict(int)
         # supersession, learned the same way: superseded checkpoints later hit / evicted unhit
         self.superseded_hits = 0
         self.superseded_evicted = 0
-        self.declined = dict.fromkeys(KINDS, 0)
+        self.declined: defaultdict[str, int] = defaultdict(int)
+        self._request_hit: tuple[object, int] = (None, 0)  # (rid, its hit at admission)
         self._rec: dict[int, _Record] = {}
         self._pending: tuple[int, str] | None = None
         self._dirty: list[TreeNode] = []
@@ -125,7 +144,7 @@ class Sift(CachePolicy):
         return (self.superseded_hits + 1) / (self.superseded_hits + self.superseded_evicted + 2)
 
     def _best_rate(self) -> float:
-        rates = [self.rate(k) for k in KINDS if self.resolved(k) >= self.min_evidence]
+        rates = [self.rate(k) for k in list(self.created) if self.resolved(k) >= self.min_evidence]
         return max(rates, default=0.0)
 
     def _evicted(self, node: TreeNode | None) -> None:
@@ -139,6 +158,35 @@ class Sift(CachePolicy):
             self.superseded_evicted += 1
         if not rec.hit:
             self.evicted_unhit[rec.kind] += 1
+            if self.ghost_size:
+                self._ghost[(node.depth, node.prefix_fp)] = rec.kind
+                if len(self._ghost) > self.ghost_size:
+                    self._ghost.popitem(last=False)
+
+    def _probe_ghosts(self, req: Req) -> None:
+        """Remember the deepest ghost on ``req``'s prompt (resolved at its first hand-over, when its real
+        hit is known). O(prompt / grid) look-ups plus one vectorised fingerprint pass."""
+        self._ghost_probe = (req.rid, 0, None)
+        if not self._ghost or self.tree is None:
+            return
+        tokens = req.origin_input_ids
+        grid = self.tree.config.mamba_checkpoint_grid
+        fps = PrefixFingerprints(np.asarray(tokens[:-1], dtype=np.int64))
+        for depth in range((len(tokens) - 1) // grid * grid, 0, -grid):
+            kind = self._ghost.get((depth, fps.at(depth)))
+            if kind is not None:
+                self._ghost_probe = (req.rid, depth, kind)
+                return
+
+    def _resolve_ghost(self, rid: object, hit: int) -> None:
+        """A ghost deeper than the real hit: that eviction cost a hit; count its kind as hit."""
+        probe_rid, depth, kind = self._ghost_probe
+        self._ghost_probe = (None, 0, None)
+        if probe_rid != rid or kind is None or depth <= hit:
+            return
+        self.evicted_unhit[kind] -= 1
+        self.hits[kind] += 1
+        self.ghost_hits[kind] += 1
 
     def _observe(self, node: TreeNode) -> _Record:
         """Bring ``node``'s record up to date: a new checkpoint (counted, supersedes its ancestor) or a
@@ -180,12 +228,17 @@ class Sift(CachePolicy):
             x = x.parent
 
     def _class(self, rec: _Record) -> int:
+        """0 for a superseded checkpoint (unless superseded ones prove valuable), else 1 + how many
+        halvings of the best kind's ratio its kind is above 1/16 of it (1..5). O(kinds)."""
         best = self._best_rate()
+        if best <= 0:
+            return 5
         if rec.superseded and self.superseded_rate() < self.low_ratio * best:
             return 0
-        if self.rate(rec.kind) < self.low_ratio * best:
-            return 1
-        return 2
+        ratio = self.rate(rec.kind) / best
+        if not self.fine_classes:
+            return 1 if ratio < self.low_ratio else 5
+        return 1 + max(0, min(4, 4 + math.floor(math.log2(max(ratio, 1e-9)))))
 
     # ------------------------------------------------------------------------------------------ keys
     def mamba_key(self, node: TreeNode) -> tuple[int, ...]:
@@ -194,7 +247,7 @@ class Sift(CachePolicy):
 
     def full_key(self, node: TreeNode) -> tuple[int, ...]:
         if node.mamba_slot is None:
-            first = 0 if self.kv_only_first else 3
+            first = 0 if self.kv_only_first else 7
             return (first, node.last_access, -node.depth, node.id)
         rec = self._observe(node)
         return (1 + self._class(rec), node.last_access, -node.depth, node.id)
@@ -219,6 +272,7 @@ class Sift(CachePolicy):
     # ------------------------------------------------------------------------------------- admission
     def on_admit(self, req: Req) -> None:
         self._flush()
+        self._probe_ghosts(req)
         self._admissions += 1
         if self._admissions % self.rekey_every == 0 and self.tree is not None:
             live = [r.node for r in self._rec.values() if r.node.mamba_slot == r.slot]
@@ -227,11 +281,17 @@ class Sift(CachePolicy):
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
         assert self.tree is not None
+        if self._request_hit[0] != req.rid:  # its first hand-over: cache_protected_len is still its hit
+            self._request_hit = (req.rid, req.cache_protected_len)
+            self._resolve_ghost(req.rid, req.cache_protected_len)
         kind = checkpoint_kind(req, seq_len, self.tree.config.mamba_checkpoint_grid)
+        if self.continuation and 2 * self._request_hit[1] >= len(req.origin_input_ids):
+            kind += "+"  # the request continued a cached prefix of at least half its prompt
         if (
             self.learn_admission
             and self.resolved(kind) >= self.min_evidence
             and self.rate(kind) < self.min_rate
+            and (not self.relative_decline or self.rate(kind) < self.low_ratio * self._best_rate())
         ):
             self.declined[kind] += 1
             if self.declined[kind] % self.explore_every:
