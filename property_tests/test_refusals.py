@@ -327,6 +327,27 @@ def test_fork_gives_its_slots_back_when_the_copy_fails(monkeypatch):
     assert pool.used == 1 and pool._free_list.free_pages.tolist() == free_before
 
 
+@pytest.mark.parametrize("backend", ["host", "torch"])
+def test_paged_extend_gives_its_pages_back_when_building_the_indices_fails(backend, monkeypatch):
+    a = PagedTokenToKVPoolAllocator(64, 4, backend=backend)
+    b = PagedTokenToKVPoolAllocator(64, 4, backend=backend)
+    for pool in (a, b):
+        pool.free(pool.alloc(16)[4:12])  # released pages waiting for a merge
+    first = a.alloc(8)
+    first_b = b.alloc(8)
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no memory for the result")
+
+    monkeypatch.setattr(a, "_span_indices", broken)
+    with pytest.raises(MemoryError):
+        a.alloc_extend([6], [30], [int(first[5])], 24)
+    monkeypatch.undo()
+    assert a.available_size() == b.available_size()
+    want = b.alloc_extend([6], [30], [int(first_b[5])], 24).tolist()
+    assert a.alloc_extend([6], [30], [int(first[5])], 24).tolist() == want
+
+
 # ------------------------------------------------------------------------------- state movement
 def _pool_tensors() -> tuple[MambaPool, list[torch.Tensor]]:
     pool = MambaPool(8, 2, [(4, 4)], (4, 4), conv_dtypes=torch.float32)

@@ -155,13 +155,32 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
     ) -> torch.Tensor | None:
         ps = self.page_size
         self._check_last_loc(prefix, last)
-        extend = seq - prefix
         prefix_pages = (prefix + ps - 1) // ps  # pages the prefix already touches
         new_pages_per_req = (seq + ps - 1) // ps - prefix_pages
         num_new_pages = int(new_pages_per_req.sum()) if prefix.numel() else 0
         pages = self._free_list.alloc(num_new_pages)
         if pages is None:
             return None
+        try:
+            return self._span_indices(prefix, seq, last, num_tokens, pages, prefix_pages, new_pages_per_req)
+        except BaseException:  # e.g. out of memory building the result: the pages were not handed out
+            self._free_list.undo_alloc(pages)
+            raise
+
+    def _span_indices(
+        self,
+        prefix: torch.Tensor,
+        seq: torch.Tensor,
+        last: torch.Tensor,
+        num_tokens: int,
+        pages: torch.Tensor,
+        prefix_pages: torch.Tensor,
+        new_pages_per_req: torch.Tensor,
+    ) -> torch.Tensor:
+        """The KV index of every new position (see :meth:`alloc_extend`), given the fresh ``pages``."""
+        ps = self.page_size
+        extend = seq - prefix
+        num_new_pages = pages.numel()
         if num_tokens == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
 
