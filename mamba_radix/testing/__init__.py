@@ -70,6 +70,7 @@ __all__ = [
     "PrefixOracle",
     "RadixSuiteParams",
     "RunningView",
+    "SGLangAdapter",
     "StampStore",
     "SuiteParams",
     "SuiteViolation",
@@ -79,6 +80,7 @@ __all__ = [
     "make_machine",
     "radix_params",
     "register_profiles",
+    "sglang_params",
     "suite_params",
 ]
 
@@ -86,6 +88,8 @@ _LAZY = {
     "MambaRadixAdapter": "radix_adapter",
     "RadixSuiteParams": "radix_adapter",
     "radix_params": "radix_adapter",
+    "SGLangAdapter": "sglang_adapter",
+    "sglang_params": "sglang_adapter",
 }
 
 
