@@ -41,16 +41,36 @@ def _size(n: int | None) -> str:
     return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else str(n)
 
 
+def parse_sizes(text: str) -> list[int | None]:
+    """``"2M,8M,inf"`` -> ``[2_000_000, 8_000_000, None]`` (plain integers too)."""
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        if part == "inf":
+            out.append(None)
+        elif part.endswith("m"):
+            out.append(int(float(part[:-1]) * 1_000_000))
+        else:
+            out.append(int(part))
+    return out
+
+
 def grid(
-    versions: list[str], strategies: list[str], pages: list[int]
+    versions: list[str],
+    strategies: list[str],
+    pages: list[int],
+    kv_sizes: list[int | None] = list(KV_TOKENS),  # noqa: B006  (read only)
+    slot_sizes: list[int | None] = list(STATE_SLOTS),  # noqa: B006
 ) -> Iterator[tuple[str, str, int, int | None, int | None]]:
     for version in versions:
         for strategy in strategies:
             for page in pages:
                 if strategy == "no_buffer" and page != 1:
                     continue
-                for kv in KV_TOKENS:
-                    for slots in STATE_SLOTS:
+                for kv in kv_sizes:
+                    for slots in slot_sizes:
                         yield version, strategy, page, kv, slots
 
 
@@ -105,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", default="0.5.20,0.5.23", help="comma-separated SGLang versions")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
     ap.add_argument("--pages", default="1,64", help="comma-separated page sizes (default 1,64)")
+    ap.add_argument("--kv", default="2M,8M,32M,inf", help="KV pool sizes in tokens (default 2M,8M,32M,inf)")
+    ap.add_argument("--slots", default="256,1024,4096,inf", help="state slots (default 256,1024,4096,inf)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--trace", default=str(DEFAULT_TRACE), help="Mooncake block trace (block size 512)")
     ap.add_argument("--out", required=True, help="JSON-lines results file (one object per configuration)")
@@ -127,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             usable.append(version)
         except MambaRadixError as err:
             print(f"sglang {version}: skipped ({err})", file=sys.stderr)
-    specs = list(grid(usable, args.strategies.split(","), [int(p) for p in args.pages.split(",")]))
+    try:
+        kv_sizes, slot_sizes = parse_sizes(args.kv), parse_sizes(args.slots)
+    except ValueError as err:
+        ap.error(f"--kv / --slots: {err}")
+    pages = [int(p) for p in args.pages.split(",") if p]
+    specs = list(grid(usable, args.strategies.split(","), pages, kv_sizes, slot_sizes))
     rows: list[dict[str, Any]] = []
     with open(args.out, "w") as out, tqdm(total=len(specs), unit="config", file=sys.stderr) as bar:
         if args.jobs == 1:

@@ -28,12 +28,13 @@ TRACE = (
     Path(__file__).resolve().parent.parent / "experiments" / "traces" / "mooncake_conversation_trace.jsonl"
 )
 LIMIT = 150
-# (strategy, page size, KV tokens, state slots); None = unbounded
+# (version, strategy, page size, KV tokens, state slots); None = unbounded
 CONFIGS = [
-    ("no_buffer", 1, 2_000_000, 256),
-    ("no_buffer", 1, None, None),
-    ("extra_buffer", 1, 2_000_000, 16),  # so few slots that 0.5.20's per-chunk headroom changes hits
-    ("extra_buffer", 1, None, None),
+    ("0.5.20", "no_buffer", 1, 2_000_000, 256),
+    ("0.5.20", "extra_buffer", 1, 2_000_000, 16),  # so few slots that the releases' slot rules change hits
+    ("0.5.20", "extra_buffer", 1, None, None),
+    ("0.5.23", "no_buffer", 1, 2_000_000, 256),
+    ("0.5.23", "extra_buffer", 1, 2_000_000, 16),
 ]
 
 
@@ -49,14 +50,14 @@ def _sglang(version: str):  # type: ignore[no-untyped-def]
         pytest.skip(str(err))
 
 
-@pytest.mark.parametrize(("strategy", "page", "kv", "slots"), CONFIGS)
-def test_per_request_hits_identical_to_sglang_0_5_20(
-    strategy: str, page: int, kv: int | None, slots: int | None
+@pytest.mark.parametrize(("version", "strategy", "page", "kv", "slots"), CONFIGS)
+def test_per_request_hits_identical_to_sglang(
+    version: str, strategy: str, page: int, kv: int | None, slots: int | None
 ):
-    _sglang("0.5.20")
+    _sglang(version)
     config = CacheConfig(mamba_radix_cache_strategy=strategy, page_size=page)  # type: ignore[arg-type]
-    res = compare(_traces(), config, kv, slots, "0.5.20", peer="auto")
-    assert res.peer == "sglang-0.5.20"
+    res = compare(_traces(), config, kv, slots, version, peer="auto")
+    assert res.peer == f"sglang-{version}"
     assert res.first_diff is None, f"first differing request: {res.first_diff}"
     assert res.identical == res.total == LIMIT
     assert res.kv_identical == res.total
@@ -65,8 +66,15 @@ def test_per_request_hits_identical_to_sglang_0_5_20(
         assert res.sglang_states_evicted > 0, "the finite slice must exercise state eviction"
 
 
-@pytest.mark.parametrize("rule", [{"insert_at_decode_boundary": True}, {"headroom_slots": 6}])
-def test_the_slice_is_sensitive_to_each_rule(rule: dict):
+def test_each_preset_differs_from_the_other_release():
+    """The releases' rules differ on this slice, and our 0.5.20 preset does not pass for 0.5.23."""
+    _sglang("0.5.23")
+    config = CacheConfig(mamba_radix_cache_strategy="extra_buffer")
+    res = compare(_traces(), config, 2_000_000, 16, "0.5.23", peer="sglang-0.5.20")
+    assert res.identical < res.total
+
+
+def test_the_slice_is_sensitive_to_each_rule():
     """Changing one scheduler rule in the SGLang replay (inserting at decode boundaries, as our simulator
     once did; a different slot headroom) changes some request's hit on this slice, so the parity test
     above would catch our side getting that rule wrong."""
@@ -74,14 +82,25 @@ def test_the_slice_is_sensitive_to_each_rule(rule: dict):
     config = CacheConfig(mamba_radix_cache_strategy="extra_buffer")
     requests = requests_from_trace(_traces())
     base = replay_config_for(config, 2_000_000, 16)
-    same = replay(sg, requests, base)
-    changed = replay(sg, requests, ReplayConfig(**{**base.__dict__, **rule}))
-    assert [r.hit for r in same.rows] != [r.hit for r in changed.rows]
+    hits = [r.hit for r in replay(sg, requests, base).rows]
+    for rule in ({"insert_at_decode_boundary": True}, {"headroom_slots": 6}):
+        changed = replay(sg, requests, ReplayConfig(**{**base.__dict__, **rule}))
+        assert hits != [r.hit for r in changed.rows], f"{rule} changed no hit"
 
 
 def test_preset_names_follow_versions():
     assert preset_for("0.5.20") == "sglang-0.5.20"
     assert preset_for("9.9.9") is None
+
+
+def test_sglang_modules_stay_out_of_sys_modules():
+    import sys
+
+    sg = _sglang("0.5.20")
+    assert not any(k == "sglang" or k.startswith("sglang.") for k in sys.modules)
+    with sg.activated():
+        assert "sglang.srt.mem_cache.mamba_radix_cache" in sys.modules
+    assert not any(k == "sglang" or k.startswith("sglang.") for k in sys.modules)
 
 
 def test_unknown_version_is_a_typed_one_line_error():

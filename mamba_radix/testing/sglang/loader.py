@@ -90,6 +90,12 @@ _FILES_0_5_23 = (
     _UC + "components/full.py",
     _UC + "components/mamba.py",
     _UC + "components/swa.py",
+    _UC + "session_ref_tracker.py",
+    _UC + "storage_attachment.py",
+    _UC + "unified_cache_linker.py",
+    _MEM + "hicache_storage.py",
+    _MEM + "evict_policy.py",
+    "sglang/srt/environ.py",
 )
 
 
@@ -260,7 +266,14 @@ class SGLangModules:
 
 @contextlib.contextmanager
 def _swapped_modules(modules: dict[str, ModuleType]) -> Iterator[None]:
-    saved = {k: v for k, v in sys.modules.items() if _is_sglang(k)}
+    """``modules`` in ``sys.modules`` for the duration: every ``sglang*`` entry and every other name in
+    ``modules`` (a stand-in for a third-party module SGLang needs, e.g. ``msgspec``) is swapped."""
+    extra = {k for k in modules if not _is_sglang(k)}
+
+    def ours(name: str) -> bool:
+        return _is_sglang(name) or name in extra
+
+    saved = {k: v for k, v in sys.modules.items() if ours(k)}
     for k in saved:
         del sys.modules[k]
     sys.modules.update(modules)
@@ -268,7 +281,7 @@ def _swapped_modules(modules: dict[str, ModuleType]) -> Iterator[None]:
         yield
     finally:
         # keep what was imported meanwhile (lazy imports) with this version
-        for k in [k for k in sys.modules if _is_sglang(k)]:
+        for k in [k for k in sys.modules if ours(k)]:
             modules[k] = sys.modules.pop(k)
         sys.modules.update(saved)
 

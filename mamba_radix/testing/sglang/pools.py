@@ -121,6 +121,16 @@ class CountingTokenAllocator:
     def free_full(self, free_index: Any) -> None:
         self.free(free_index)
 
+    def free_full_segment(self, free_index: Any, *, start_pos: int = 0) -> None:
+        self.free(free_index)
+
+    def mamba_full_cache_donor(self) -> None:
+        """No pool shares bytes between KV and states here."""
+        return None
+
+    def full_available_size(self) -> int:
+        return self.available_size()
+
     def free_group_begin(self) -> None:  # frees are never deferred here
         pass
 
@@ -297,6 +307,8 @@ class HybridRequestPool:
         self.enable_mamba_extra_buffer = extra_buffer
         self.enable_mamba_extra_buffer_lazy = lazy
         self.mamba_ping_pong_track_buffer_size = ping_pong_size
+        # track slots a request takes with its first chunk (0.5.23 counts them before allocating)
+        self.mamba_initial_tracking_slots = (1 if lazy else ping_pong_size) if extra_buffer else 0
         self.req_index_to_mamba_index_mapping = torch.zeros(rows, dtype=torch.int64)
         self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.full(
             (rows, ping_pong_size), -1, dtype=torch.int64

@@ -184,6 +184,13 @@ class _KvRecord:
     mamba_cow_src_index: torch.Tensor | None = None
     mamba_needs_clear: bool = False
     lock_receipt: Any = None
+    cache_inserted_len: int = 0  # 0.5.23: the longest prefix this request inserted
+
+    def get_evicted_seqlen(self, component: Any) -> int:
+        return self.swa_evicted_seqlen  # no sliding-window layers: nothing window-evicted
+
+    def swa_dead_lo(self, page_size: int) -> int:
+        return self.cache_protected_len
 
     @property
     def holds_kv(self) -> bool:
@@ -223,6 +230,28 @@ class _Req:
         self.session = None
         self.is_chunked = 0
         self.mamba_lazy_is_insert = True
+        # 0.5.23's request fields
+        self.prefix_len = 0
+        self.extend_end: int | None = None
+        self.lock: Any = None
+        self.finished_reason: str | None = None
+        self.finished_len: int | None = None
+        self.skip_radix_cache_insert = False
+        self.priority: int | None = None
+        self.session_id: str | None = None
+        self.kv_rotation_base: int | None = None
+        self.best_match_node: Any = None
+
+    @property
+    def extend_len(self) -> int:
+        assert self.extend_end is not None
+        return self.extend_end - self.prefix_len
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def owned_kv_len(self) -> int:
+        return self.kv.kv_committed_len
 
     def get_fill_ids(self) -> array:
         assert self.extend_range is not None
@@ -242,6 +271,9 @@ class _Req:
 # ---------------------------------------------------------------------------------------- the driver
 class _Driver:
     """SGLang's scheduler steps for one request at a time around one cache (0.5.20 rules)."""
+
+    def prefix_len(self, req: _Req) -> int:
+        return len(req.prefix_indices)
 
     def __init__(self, sg: SGLangModules, cfg: ReplayConfig, max_context_len: int) -> None:
         self.sg, self.cfg = sg, cfg
@@ -377,7 +409,7 @@ class _Driver:
 
     # ------------------------------------------------------------------------------------ prefill
     def chunk_len(self, req: _Req, first: bool) -> int:
-        prefix = len(req.prefix_indices)
+        prefix = self.prefix_len(req)
         left = len(req.origin_input_ids) - prefix
         chunk = self.cfg.chunked_prefill_size
         if chunk <= 0 or left <= chunk:
@@ -397,14 +429,18 @@ class _Driver:
         if avail < need:
             self.cache.evict_for_alloc(self.evict_params(mamba_num=need - avail))
 
-    def alloc_extend_kv(self, req: _Req, prefix: int, end: int) -> torch.Tensor:
+    def prefix_kv(self, req: _Req, prefix: int) -> torch.Tensor:
+        """The KV indices of the request's prefix (0.5.20 keeps them on the request)."""
+        return req.prefix_indices
+
+    def alloc_extend_kv(self, req: _Req, prefix: int, end: int, prefix_kv: torch.Tensor) -> torch.Tensor:
         n = end - prefix
         if self.cfg.page_size == 1:
             self.evict_kv_for(n)
             out = self.kv_pool.alloc(n)
         else:
             self.evict_kv_for(n + self.cfg.page_size)
-            last = int(req.prefix_indices[-1]) if len(req.prefix_indices) else -1
+            last = int(prefix_kv[-1]) if len(prefix_kv) else -1
             out = self.kv_pool.alloc_extend_one(prefix, end, last)
         if out is None:
             raise ReplayError(f"request {req.rid}: prefill out of KV memory ({n} tokens)")
@@ -413,16 +449,18 @@ class _Driver:
     def prefill_chunk(self, req: _Req, first: bool) -> None:
         if not first:
             req.refresh_fill_ids()  # init_next_round_input() without a cache: no match
-        prefix = len(req.prefix_indices)
+        prefix = self.prefix_len(req)
         n = self.chunk_len(req, first)
         end = prefix + n
         req.extend_range = _Range(prefix, end)
+        req.extend_end = end
+        prefix_kv = self.prefix_kv(req, prefix)
         self.slot_headroom(req)
         if self.req_pool.alloc([req]) is None:
             raise ReplayError(f"request {req.rid}: no request row free")
-        out = self.alloc_extend_kv(req, prefix, end)
+        out = self.alloc_extend_kv(req, prefix, end, prefix_kv)
         row = req.kv.req_pool_idx
-        self.req_pool.write((row, slice(0, prefix)), req.prefix_indices)
+        self.req_pool.write((row, slice(0, prefix)), prefix_kv)
         self.req_pool.write((row, slice(prefix, end)), out)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = end
         if self.cfg.extra_buffer:
@@ -546,4 +584,123 @@ def replay(
     return driver.result
 
 
-_DRIVERS: dict[str, type[_Driver]] = {"0.5.20": _Driver}
+class _Driver0523(_Driver):
+    """0.5.23's scheduler steps around ``UnifiedRadixCache`` (Python tree core), where they differ from
+    0.5.20 (``managers/schedule_batch.py``, ``mem_cache/common.py``, ``mem_cache/allocation.py``):
+
+    - match through ``match_kv_cache``: the request keeps ``prefix_len`` (its KV is read off the tree
+      with ``prefix_device_indices`` when the row is bound) and the tree's lock receipt (``req.lock``);
+    - state slots before a chunk: ``ensure_mamba_capacity`` evicts exactly what the pool will hand out
+      (the live slot if the request has none, the initial tracking slots if it has no buffer);
+    - after a chunk: ``checkpoint_kv_cache`` (``cache.checkpoint(req, up_to=extend_end)``), then
+      ``prefix_len = extend_end``;
+    - finish: ``release_kv_cache(checkpoint=True)``: checkpoint up to the owned KV, free the rest of the
+      row past the protected prefix, unlock, ``on_release``, free the row.
+    """
+
+    def prefix_len(self, req: _Req) -> int:
+        return req.prefix_len
+
+    def _build_cache(self) -> Any:
+        ct = self.sg.ComponentType
+        params = self.sg.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.kv_pool,
+            page_size=self.cfg.page_size,
+            enable_mamba_extra_buffer=self.cfg.extra_buffer,
+            enable_mamba_extra_buffer_lazy=False,
+            chunked_prefill_size=self.cfg.chunked_prefill_size,
+            tree_components=(ct.FULL, ct.MAMBA),
+            tree_core_backend="python",
+        )
+        return self.sg.UnifiedRadixCache(params)
+
+    def _count_state_evictions(self) -> None:
+        """0.5.23 reports every state it evicts in ``EvictResult``; KV eviction's collateral state
+        frees are counted by watching the slot allocator while ``evict`` runs."""
+        cache, result, slots = self.cache, self.result, self.req_pool.mamba_allocator
+        inner = cache.evict_for_alloc
+
+        def counted(params: Any, **kwargs: Any) -> Any:
+            before = slots.available_size()
+            out = inner(params, **kwargs)
+            result.evict_calls += 1
+            result.mamba_evicted += int(getattr(out, "mamba_num_evicted", 0) or 0)
+            result.kv_evicted += int(getattr(out, "num_tokens_evicted", 0) or 0)
+            result.states_evicted += slots.available_size() - before
+            return out
+
+        cache.evict_for_alloc = counted
+
+    def _count_evictions(self) -> None:
+        self._count_state_evictions()
+
+    def admit(self, req: _Req) -> tuple[int, int]:
+        input_len = len(req.origin_input_ids)
+        key = self.sg.RadixKey(req.full_untruncated_fill_ids, req.extra_key, limit=max(input_len - 1, 0))
+        match = self.cache.match_prefix(self.sg.MatchPrefixParams(key=key, req=req, cow_mamba=True))
+        req.prefix_len = int(match.device_prefix_len)
+        req.last_node = match.last_device_node
+        req.best_match_node = match.best_match_node
+        if match.mamba_branching_seqlen is not None:
+            req.mamba_branching_seqlen = match.mamba_branching_seqlen
+        req.kv.cache_protected_len = (
+            match.cache_protected_len if match.cache_protected_len is not None else req.prefix_len
+        )
+        hit = req.prefix_len
+        kv_match = int(match.full_kv_hit_length)
+        self._check_budget(req, hit)
+        req.lock = self.cache.lock(req.last_node)
+        return hit, kv_match
+
+    def prefix_kv(self, req: _Req, prefix: int) -> torch.Tensor:
+        if req.kv.holds_kv:
+            return self.req_pool.req_to_token[req.kv.req_pool_idx, :prefix].to(torch.int64)
+        if prefix == 0:
+            return torch.empty(0, dtype=torch.int64)
+        return self.cache.prefix_device_indices(req)
+
+    def slot_headroom(self, req: _Req) -> None:
+        needed = 0 if req.kv.holds_mamba else 1
+        if req.kv.mamba_ping_pong_track_buffer is None:
+            needed += self.req_pool.mamba_initial_tracking_slots
+        avail = self.req_pool.mamba_allocator.schedulable_available_size()
+        if avail < needed:
+            self.cache.evict_for_alloc(self.evict_params(mamba_num=needed - avail))
+
+    def _checkpoint(self, req: _Req) -> None:
+        self.cache.checkpoint(req, up_to=req.extend_end)
+        req.prefix_len = req.extend_end  # type: ignore[assignment]
+
+    def after_chunk(self, req: _Req, last: bool) -> None:
+        if not last:
+            self._checkpoint(req)
+            return
+        req.output_ids.append(req.all_output[0])
+        if len(req.output_ids) >= len(req.all_output):
+            self.finish(req)
+        else:
+            self._checkpoint(req)
+
+    def decode_step(self, req: _Req) -> None:
+        prev = req.kv.mamba_last_track_seqlen
+        super().decode_step(req)
+        if req.kv.mamba_last_track_seqlen != prev and prev is not None:
+            req.kv.mamba_prev_track_seqlen = prev
+
+    def finish(self, req: _Req) -> None:
+        req.finished_reason = "length"
+        if self.cache.claim_kv_row(req):
+            return
+        owned = req.owned_kv_len()
+        req.refresh_fill_ids()
+        self.cache.checkpoint(req, up_to=owned)
+        self.cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, owned)])
+        self.cache.unlock(req.lock)
+        req.lock = None
+        self.cache.on_release(req, checkpointed=True)
+        self.req_pool.free(req)
+
+
+_DRIVERS: dict[str, type[_Driver]] = {"0.5.20": _Driver, "0.5.23": _Driver0523}

@@ -201,17 +201,10 @@ def build_0_5_20() -> StandIns:
 
 
 def build_0_5_23() -> StandIns:
-    """Stand-ins for ``sglang==0.5.23``'s ``UnifiedRadixCache``: not written yet.
+    """Stand-ins for ``sglang==0.5.23``'s ``mem_cache/unified_radix_cache.py`` (Python tree core): the
+    common ones plus :mod:`.standins_0_5_23`."""
+    from mamba_radix.testing.sglang import standins_0_5_23
 
-    Its module imports, beyond the ones stood in for above, the HiCache controller
-    (``managers.cache_controller``, ``mem_cache.hybrid_cache.hybrid_cache_controller``), buffer-mode
-    storage, ``session.streaming_session``, ``distributed.communication_tags``, ``swa_memory_pool``,
-    ``storage_prefetch``, ``utils.poll_timer``, ``utils.rank_consensus_checker`` and
-    ``mem_cache.common`` (kernels); the replay would also need 0.5.23's scheduler steps
-    (``checkpoint(req, up_to)``, ``release_kv_cache(checkpoint=True)``, exact-slot eviction).
-    """
-    from mamba_radix.testing.sglang.loader import SGLangLoadError
-
-    raise SGLangLoadError(
-        "sglang 0.5.23's UnifiedRadixCache has no stand-ins and no replay driver yet; use 0.5.20"
-    )
+    settings = RuntimeSettings()
+    mods = standins_0_5_23.modules(settings, _common_modules(settings))
+    return StandIns(mods, _namespace(settings))
