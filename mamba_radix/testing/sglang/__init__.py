@@ -1,6 +1,8 @@
 """SGLang's real prefix cache, loaded from its PyPI wheel at run time, and a sequential replay through it.
 
-- :mod:`~mamba_radix.testing.sglang.loader`: fetch the wheel, import the cache with stand-ins;
+- :mod:`~mamba_radix.testing.sglang.loader`: fetch the wheel, import the cache with stand-ins
+  (:mod:`~mamba_radix.testing.sglang.standins`, :mod:`~mamba_radix.testing.sglang.standins_0_5_23`):
+  0.5.20's ``MambaRadixCache``, 0.5.23's ``UnifiedRadixCache`` (Python tree core);
 - :mod:`~mamba_radix.testing.sglang.pools`: counting pools with SGLang's interfaces;
 - :mod:`~mamba_radix.testing.sglang.replay`: SGLang's scheduler rules, one request at a time;
 - :mod:`~mamba_radix.testing.sglang.parity`: the same requests through our simulator, per-request diff.

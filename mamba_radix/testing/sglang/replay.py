@@ -24,6 +24,14 @@ from the release's ``managers/schedule_batch.py``, ``managers/scheduler.py``,
 5. **finish**: ``release_kv_cache``: ``cache_finished_req(kv_len_to_handle = input + output - 1)`` inserts
    the newest tracked state (no_buffer: the live state at the end), then the request row is freed.
 
+That is 0.5.20 (``MambaRadixCache``). 0.5.23 (``UnifiedRadixCache``, Python tree core) differs where its
+scheduler does (:class:`_Driver0523`): exact slot eviction before a chunk instead of the headroom,
+``checkpoint(req, up_to)`` after a chunk, ``release_kv_cache(checkpoint=True)`` at finish. Both releases
+take the same match key, chunking, prefill and decode tracking and per-step KV eviction.
+
+With pages, 0.5.20's match key is cut to whole pages (its walk raises ``IndexError`` on a sub-page tail;
+the hit is the same); ``ReplayConfig`` also has two switches that change one rule each, for diagnosis.
+
 Use::
 
     sg = load_sglang("0.5.20")
