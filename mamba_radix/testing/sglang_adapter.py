@@ -20,10 +20,11 @@ SGLang's scheduler steps around the cache, as in ``managers/scheduler.py`` and `
 - **finish**: ``cache_finished_req(kv_len_to_handle=kv_committed_len)`` then the row is freed; a request
   that never ran a chunk only drops its lock and its copy-on-write slot.
 
-Capabilities: requests, cow, extra_key, branching. Not declared: ``exact_evict_report`` (SGLang's
-``EvictResult`` does not count the state of a leaf evicted for its KV), ``full_kv_hit_len`` (not in its
-``MatchResult``), ``partial_page_keys`` (its page walk raises ``IndexError`` on a key that ends inside a
-page), ``faults`` and ``eviction_totals``. ``max_raw_locks = 1``: SGLang's scheduler never holds locks
+Capabilities: requests, cow, extra_key, branching, eviction_totals (measured around every call of its
+``evict``, so a step that evicted nothing must lose nothing). Not declared: ``exact_evict_report``
+(SGLang's ``EvictResult`` does not count the state of a leaf evicted for its KV), ``full_kv_hit_len`` (not
+in its ``MatchResult``), ``partial_page_keys`` (its page walk raises ``IndexError`` on a key that ends
+inside a page) and ``faults``. ``max_raw_locks = 1``: SGLang's scheduler never holds locks
 outside requests, so an unbounded number would starve it of slots by the suite's doing.
 
 Known failures (:data:`KNOWN_ISSUES`), counted by the machine and never hidden:
@@ -197,7 +198,7 @@ class SGLangAdapter:
     Raises :class:`~mamba_radix.testing.sglang.SGLangUnavailableError` when the wheel cannot be fetched.
     """
 
-    capabilities = frozenset({"requests", "cow", "extra_key", "branching"})
+    capabilities = frozenset({"requests", "cow", "extra_key", "branching", "eviction_totals"})
     max_raw_locks = 1
 
     @staticmethod
@@ -262,6 +263,18 @@ class SGLangAdapter:
                 self.stamps.copy(a, b)
 
         states.copy_from = copy_from
+        self.evicted = [0, 0]  # tokens and states that left the tree through SGLang's evict, measured
+        inner_evict = self.cache.evict
+
+        def evict(params: Any) -> Any:  # every eviction, the cache's own included, goes through here
+            before = self._tree_size()
+            out = inner_evict(params)
+            after = self._tree_size()
+            self.evicted[0] += before[0] - after[0]
+            self.evicted[1] += before[1] - after[1]
+            return out
+
+        self.cache.evict = evict
         base = self.sg.modules["sglang.srt.mem_cache.base_prefix_cache"]
         self._insert_params = base.InsertParams
         self.reqs: dict[int, _Req] = {}
@@ -570,6 +583,11 @@ class SGLangAdapter:
                 )
             )
         return views
+
+    def eviction_totals(self) -> tuple[int, int]:
+        """Tokens and states that left the tree in SGLang's ``evict`` so far, measured from its size
+        counters around each call (its ``EvictResult`` does not count a leaf's state)."""
+        return self.evicted[0], self.evicted[1]
 
     # ------------------------------------------------------------------------------------ faults
     def hold(self, pool: str, num: int) -> int:
