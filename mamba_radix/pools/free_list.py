@@ -124,15 +124,16 @@ class FreeList:
         """
         head = self._head
         end = head + num_ids
-        self._pre_merge = None
         if end > self._buf_len:
             if num_ids > self.available:
-                return None
+                return None  # nothing taken: an earlier alloc can still be undone exactly
             # The lists a merge replaces (it builds new ones), kept so that undo_alloc can put them back.
             before = (self._buf, head, self._released, self._num_released, self._group, self._num_in_group)
             self.merge()
             self._pre_merge = before
             head, end = 0, num_ids
+        else:
+            self._pre_merge = None
         self._head = end
         ids = self._buf[head:end]
         self._mark(head, end, ids)
