@@ -209,7 +209,7 @@ class RequestLifecycle:
             return False
         assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
         if req.cache_protected_len:
-            self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+            self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices, check=False)
         else:
             self.mamba_pool.clear_slots([req.mamba_pool_idx])
         req.kv_len = req.cache_protected_len
@@ -320,7 +320,7 @@ class RequestLifecycle:
             kv = allocator.alloc_extend([start], [end], [last_loc], num_tokens)
         if kv is None:  # only an injected fault: the check above counted the room
             return None
-        self.req_to_token_pool.write(req.req_pool_idx, start, kv)  # type: ignore[arg-type]
+        self.req_to_token_pool.write(req.req_pool_idx, start, kv, check=False)  # type: ignore[arg-type]
         drawn = min(req.kv_reserved_tokens, need)
         req.kv_reserved_tokens -= drawn
         self.reserved_kv_tokens -= drawn
@@ -470,7 +470,7 @@ class RequestLifecycle:
             self.mamba_pool.free([tree_slot])
         # The request's duplicates were freed by the insert: point its row at the tree's indices.
         tree_kv = self.tree.path_values(done.node, above=old)
-        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv)  # type: ignore[arg-type]
+        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv, check=False)  # type: ignore[arg-type]
         self.tree.inc_lock_ref(done.node)
         self.tree.dec_lock_ref(old)
         req.last_node = done.node

@@ -134,13 +134,18 @@ class ReqToTokenPool:
                 )
 
     # ------------------------------------------------------------------------------------------ write
-    def write(self, row: int, start: int, values: torch.Tensor) -> None:
+    def write(self, row: int, start: int, values: torch.Tensor, check: bool = True) -> None:
         """``req_to_token[row, start:start + len(values)] = values``. O(len(values)).
 
         ``row`` must be held; ``values`` a 1-D int32/int64 tensor on the pool's device whose entries are KV
         indices (``0 <= v <= 2**31 - 1``; 0 is the padding row). Raises :class:`InvalidIndex` /
-        :class:`InvalidArgument` and writes nothing otherwise.
+        :class:`InvalidArgument` and writes nothing otherwise. ``check=False`` is for trusted callers
+        (the cache's lifecycle, writing indices its allocator or tree handed out into a row it holds):
+        no validation, no host sync.
         """
+        if not check:
+            self.req_to_token[row, start : start + values.numel()] = values
+            return
         self._check_rows_held([row])
         check_count(start, "start")
         if not isinstance(values, torch.Tensor) or values.dtype not in (torch.int32, torch.int64):
