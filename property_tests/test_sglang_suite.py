@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from mamba_radix.testing import KnownFailure, SuiteParams, make_machine
@@ -24,16 +24,22 @@ from mamba_radix.testing.sglang_adapter import SGLANG_VERSION, SGLangAdapter, sg
 pytestmark = pytest.mark.sglang
 
 EMPTY = (None, ())
-# bounded for CI: 24 s of CPU (70 s wall on a loaded 2-core machine); finds the #34676 family 5 times
-BUDGET = settings(
-    max_examples=150,
-    stateful_step_count=80,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    suppress_health_check=list(HealthCheck),
-)
+CI_EXAMPLES = 150  # what the ci profile's 100 examples become here
+
+
+def _budget() -> settings:
+    """The loaded profile's budget scaled for SGLang: 1.5x its examples, at least 80 steps each (slot
+    exhaustion takes a few dozen steps to build up). Under ``ci``: 150 x 80, 24 s of CPU (53 s wall on a
+    loaded 2-core machine), and the #34676 family is met in 5 of 184 examples."""
+    base = settings.default
+    return settings(
+        base,
+        max_examples=base.max_examples * 3 // 2,
+        stateful_step_count=max(80, base.stateful_step_count),
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,11 +53,13 @@ def _sglang() -> None:
 def test_state_machine_against_sglang() -> None:
     machine = make_machine(SGLangAdapter, sglang_params(), "SGLangMachine")
     start = time.perf_counter()
-    run_state_machine_as_test(machine, settings=BUDGET)
+    budget = _budget()
+    run_state_machine_as_test(machine, settings=budget)
     log = machine.known_failures
     print(f"\nSGLang {SGLANG_VERSION}, {time.perf_counter() - start:.1f}s: {log.summary()}")
-    assert log.examples >= BUDGET.max_examples
-    assert log.counts.get("sglang-34676", 0) >= 1, "the search no longer reaches SGLang's slot exhaustion"
+    assert log.examples >= budget.max_examples
+    if budget.max_examples >= CI_EXAMPLES:  # a dev-sized run is too short to promise it
+        assert log.counts.get("sglang-34676", 0) >= 1, "the search no longer reaches SGLang's slot exhaustion"
     assert sum(log.counts.values()) < log.examples / 2, "known failures hide most of the search"
 
 
