@@ -189,6 +189,8 @@ def fetch_wheel(version: str) -> Path:
                 target = folder / got.name
                 os.replace(got, target)  # atomic: a concurrent fetch sees a whole wheel or none
                 return target
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only if empty: a failed fetch leaves nothing behind
     raise SGLangUnavailableError(
         f"cannot fetch sglang=={version} from PyPI ({reason}); check the network or put the wheel in {folder}"
     )
