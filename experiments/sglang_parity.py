@@ -25,14 +25,13 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("no_buffer", "extra_buffer")
 KV_TOKENS: tuple[int | None, ...] = (2_000_000, 8_000_000, 32_000_000, None)
 STATE_SLOTS: tuple[int | None, ...] = (256, 1024, 4096, None)
 PAGES = (1, 64)
-DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = "mooncake_conversation_trace.jsonl"  # bundled with the package (mamba_radix.data)
 
 
 def _size(n: int | None) -> str:
@@ -128,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv", default="2M,8M,32M,inf", help="KV pool sizes in tokens (default 2M,8M,32M,inf)")
     ap.add_argument("--slots", default="256,1024,4096,inf", help="state slots (default 256,1024,4096,inf)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE), help="Mooncake block trace (block size 512)")
+    ap.add_argument(
+        "--trace",
+        default=DEFAULT_TRACE,
+        help="Mooncake block trace, block size 512 (default: the bundled conversation trace)",
+    )
     ap.add_argument("--out", required=True, help="JSON-lines results file (one object per configuration)")
     args = ap.parse_args(argv)
     if args.limit < 1 or args.jobs < 1:
@@ -137,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.out} exists; choose a new --out")
 
     from tqdm import tqdm
+
+    from mamba_radix.data import bundled_traces, trace_path
+
+    if not os.path.exists(args.trace) and args.trace in bundled_traces():
+        args.trace = str(trace_path(args.trace))
 
     from mamba_radix.errors import MambaRadixError
     from mamba_radix.testing.sglang import load_sglang

@@ -12,11 +12,11 @@ and KV eviction happen, and unbounded ones. The full grid is ``experiments/sglan
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 
 from mamba_radix.config import CacheConfig
+from mamba_radix.data import trace_path
 from mamba_radix.sim.traces import iter_block_trace
 from mamba_radix.testing.sglang import SGLangLoadError, SGLangUnavailableError, load_sglang
 from mamba_radix.testing.sglang.parity import compare, preset_for, replay_config_for
@@ -24,9 +24,7 @@ from mamba_radix.testing.sglang.replay import ReplayConfig, replay, requests_fro
 
 pytestmark = pytest.mark.sglang
 
-TRACE = (
-    Path(__file__).resolve().parent.parent / "experiments" / "traces" / "mooncake_conversation_trace.jsonl"
-)
+TRACE = trace_path("mooncake_conversation_trace.jsonl")
 LIMIT = 150
 # (version, strategy, page size, KV tokens, state slots); None = unbounded
 CONFIGS = [
