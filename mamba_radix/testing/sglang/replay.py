@@ -62,6 +62,7 @@ __all__ = [
     "ReplayRequest",
     "ReplayResult",
     "ReplayRow",
+    "driver_for",
     "replay",
     "requests_from_trace",
 ]
@@ -558,6 +559,17 @@ class _Driver:
         return ReplayRow(request.index, len(req.origin_input_ids), hit, kv_match)
 
 
+def driver_for(sg: SGLangModules, config: ReplayConfig, max_context_len: int) -> _Driver:
+    """A fresh cache of version ``sg`` with its pools, driven by that release's scheduler rules, for
+    callers that step requests themselves (benchmarks timing the cache's calls, adapters): ``.cache``,
+    ``.req_pool``, ``.kv_pool``, ``.result`` and ``.run_one(request) -> ReplayRow``. Build and use it inside
+    ``with sg.activated():``. Raises :class:`ReplayError` for a version without a driver."""
+    driver_cls = _DRIVERS.get(sg.version)
+    if driver_cls is None:
+        raise ReplayError(f"no replay driver for sglang {sg.version}; known: {', '.join(_DRIVERS)}")
+    return driver_cls(sg, config, max_context_len)
+
+
 def replay(
     sg: SGLangModules,
     requests: Sequence[ReplayRequest],
@@ -573,11 +585,8 @@ def replay(
     if not requests:
         return ReplayResult(sg.version, config)
     max_len = max(len(r.input_ids) + len(r.output_ids) for r in requests)
-    driver_cls = _DRIVERS.get(sg.version)
-    if driver_cls is None:
-        raise ReplayError(f"no replay driver for sglang {sg.version}; known: {', '.join(_DRIVERS)}")
     with sg.activated():
-        driver = driver_cls(sg, config, max_len)
+        driver = driver_for(sg, config, max_len)
         for n, request in enumerate(requests, 1):
             try:
                 driver.result.rows.append(driver.run_one(request))
