@@ -41,7 +41,7 @@ from mamba_radix.pools import (
     TokenToKVPoolAllocator,
 )
 from mamba_radix.request import Req
-from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert
+from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 
 __all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
 
@@ -222,7 +222,10 @@ class MambaRadixCache(RequestLifecycle):
         Side effects: **may split a node** (the new parent is a tombstone); ticks the clock and refreshes
         recency (see :meth:`RadixTree.match`). O(L + path * log n), plus one slot copy.
         """
-        radix_key = self._as_key(key, req)
+        return self._match(self._as_key(key, req), cow_mamba, req, None)
+
+    def _match(self, radix_key: RadixKey, cow_mamba: bool, req: Req | None, walk: Walk | None) -> MatchResult:
+        """:meth:`match_prefix`, reusing ``walk`` (from :meth:`_peek` of the same key) if still valid."""
         if cow_mamba and req is not None and req.mamba_pool_idx is not None:
             self._check_cow_target(req)
         if not self.buffer.caches:
@@ -230,7 +233,7 @@ class MambaRadixCache(RequestLifecycle):
                 torch.empty(0, dtype=torch.int64, device=self.device), self.tree.root, None, 0, None
             )
         else:
-            m = self.tree.match(radix_key)
+            m = self.tree.match(radix_key, walk)
             best = m.best
             if (
                 cow_mamba
@@ -265,25 +268,25 @@ class MambaRadixCache(RequestLifecycle):
         adds a tombstone parent, which never holds the hit), unless its copy-on-write finds no slot and
         drops the hit. O(L + path).
         """
-        radix_key = self._as_key(key, None)
+        return self._peek(self._as_key(key, None))[0]
+
+    def _peek(self, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]:
+        """:meth:`peek_prefix`, and its walk for a match that follows at once."""
         root = self.tree.root
         if not self.buffer.caches:
-            return PrefixPeek(0, 0, root, 0, False)
-        tokens = radix_key.token_ids
-        page = self.config.page_size
-        if page > 1 and len(tokens) % page:
-            tokens = tokens[: len(tokens) - len(tokens) % page]
-        path, pos, partial = self.tree._walk(tokens, radix_key.extra_key)  # read-only walk
+            return PrefixPeek(0, 0, root, 0, False), None
+        walk = self.tree.walk(radix_key)  # read-only
+        path, pos, partial = walk.path, walk.pos, walk.partial
         if partial:
             path = path[:-1]  # the edge matched only in part holds no usable state at the match's end
         best_idx = len(path) - 1
         while best_idx >= 0 and path[best_idx].mamba_slot is None:
             best_idx -= 1
         if best_idx < 0:
-            return PrefixPeek(0, pos + partial, root, 0, False)
+            return PrefixPeek(0, pos + partial, root, 0, False), walk
         best = path[best_idx]
         unlocked = sum(len(node.key) for node in path[: best_idx + 1] if node.full_lock_ref == 0)
-        return PrefixPeek(best.depth, pos + partial, best, unlocked, best.mamba_lock_ref == 0)
+        return PrefixPeek(best.depth, pos + partial, best, unlocked, best.mamba_lock_ref == 0), walk
 
     def _branching(self, full_kv_hit_len: int, hit_len: int) -> int | None:
         grid = self.config.mamba_checkpoint_grid

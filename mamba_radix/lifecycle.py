@@ -42,7 +42,7 @@ import torch
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex
 from mamba_radix.request import Req
-from mamba_radix.tree import RadixKey
+from mamba_radix.tree import RadixKey, Walk
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.cache import MambaRadixCache
@@ -151,16 +151,23 @@ class RequestLifecycle:
         """Whether :meth:`admit` would admit ``req`` now, and why not. Read-only: nothing is split,
         stamped, counted or evicted. ``max_new_tokens``: output tokens the request will produce (its
         decode KV is reserved); ``None`` reserves only the prompt. O(L + path)."""
+        return self._admission_check(req, max_new_tokens)[0]
+
+    def _admission_check(
+        self: MambaRadixCache, req: Req, max_new_tokens: int | None
+    ) -> tuple[AdmitCheck, RadixKey, Walk | None]:
+        """:meth:`can_admit`, plus the admission key and its walk for the match that follows."""
         self._check_new_request(req, max_new_tokens)
-        tokens = req.origin_input_ids
-        peek = self.peek_prefix(RadixKey.trusted(tokens[:-1], req.extra_key))
+        key = RadixKey.trusted(req.origin_input_ids[:-1], req.extra_key)
+        peek, walk = self._peek(key)
         hit = peek.hit_len
         final = self._final_kv_len(req, max_new_tokens)
         need_tokens = self._page_ceil(final) - hit
         need_slots = self.buffer.admission_slots(req)
 
-        def verdict(reason: str | None) -> AdmitCheck:
-            return AdmitCheck(reason is None, reason, hit, peek.full_kv_hit_len, need_tokens, need_slots)
+        def verdict(reason: str | None) -> tuple[AdmitCheck, RadixKey, Walk | None]:
+            check = AdmitCheck(reason is None, reason, hit, peek.full_kv_hit_len, need_tokens, need_slots)
+            return check, key, walk
 
         pool = self.req_to_token_pool
         allocator = self.token_to_kv_pool_allocator
@@ -192,12 +199,11 @@ class RequestLifecycle:
         and ``False`` returned; only the match's split and recency refresh stay, which change no hit.
         O(L + path * log n), plus one slot copy.
         """
-        check = self.can_admit(req, max_new_tokens)
+        check, key, walk = self._admission_check(req, max_new_tokens)
         if not check.ok:
             return False
         self.policy.on_admit(req)
-        tokens = req.origin_input_ids
-        self.match_prefix(RadixKey.trusted(tokens[:-1], req.extra_key), cow_mamba=True, req=req)
+        self._match(key, True, req, walk)  # the check's walk, unless the policy changed the tree
         node = req.last_node
         assert node is not None
         self.policy.on_hit(req)

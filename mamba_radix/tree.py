@@ -79,6 +79,17 @@ class RadixKey:
         return key
 
 
+class Walk(NamedTuple):
+    """A read-only walk of a key (:meth:`RadixTree.walk`), reusable by :meth:`RadixTree.match` while the
+    tree's structure is unchanged (``version``): a check followed by its match walks once."""
+
+    key: RadixKey
+    path: list[TreeNode]  # fully matched nodes top-down, then the node matched in part (if partial)
+    pos: int  # tokens the fully matched nodes cover
+    partial: int  # tokens matched into the last node's edge, 0 if none
+    version: int
+
+
 class TreeMatch(NamedTuple):
     """What :meth:`RadixTree.match` found."""
 
@@ -139,6 +150,7 @@ class RadixTree:
         self.mamba_evictable_size = 0
         self.mamba_protected_size = 0
         self.num_nodes = 1
+        self.version = 0  # bumped by every structural change (nodes, edges, checkpoints): a Walk's validity
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
 
@@ -154,6 +166,7 @@ class RadixTree:
     def _new_node(
         self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode, depth: int, extra_key: str | None
     ) -> TreeNode:
+        self.version += 1
         node = TreeNode(self._next_id, key, value, parent=parent, depth=depth, extra_key=extra_key)
         if self._prefix_fps:
             node.prefix_fp = fingerprint_extend(parent.prefix_fp, key)
@@ -265,20 +278,28 @@ class RadixTree:
             self.index.update(node)
 
     # -------------------------------------------------------------------------------------------- match
-    def match(self, key: RadixKey) -> TreeMatch:
+    def walk(self, key: RadixKey) -> Walk:
+        """The read-only walk :meth:`match` starts with (whole pages only). O(len(key))."""
+        tokens = key.token_ids
+        if self.page_size > 1 and len(tokens) % self.page_size:
+            tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
+        path, pos, partial = self._walk(tokens, key.extra_key)
+        return Walk(key, path, pos, partial, self.version)
+
+    def match(self, key: RadixKey, walk: Walk | None = None) -> TreeMatch:
         """Longest cached prefix of ``key`` that ends at a checkpoint.
 
         Side effects: ticks the clock; **may split a node** (a match that ends inside an edge splits it,
         leaving a tombstone parent); stamps the full recency of every matched node; stamps the checkpoint
         recency of the consumed node only (``mamba_lru_refresh="node"``) or of every checkpoint on the
-        matched path (``"path"``). With ``page_size > 1`` only whole pages are compared.
+        matched path (``"path"``). With ``page_size > 1`` only whole pages are compared. ``walk``: this
+        key's :meth:`walk`, reused when the tree has not changed since (else walked again).
         O(len(key) + path * log n).
         """
-        tokens = key.token_ids
-        if self.page_size > 1 and len(tokens) % self.page_size:
-            tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
+        if walk is None or walk.key is not key or walk.version != self.version:
+            walk = self.walk(key)
+        path, pos, partial = list(walk.path), walk.pos, walk.partial
         now = self.tick()
-        path, pos, partial = self._walk(tokens, key.extra_key)
         if partial:
             path[-1] = self._split(path[-1], partial, now)
             pos += partial
@@ -431,6 +452,7 @@ class RadixTree:
         return leaf
 
     def _set_checkpoint(self, node: TreeNode, mamba_slot: int, now: int) -> None:
+        self.version += 1
         node.mamba_slot = mamba_slot
         node.mamba_last_access = now
         self.slot_owner[mamba_slot] = node
@@ -439,6 +461,7 @@ class RadixTree:
 
     def _drop_checkpoint(self, node: TreeNode, freed: Freed) -> None:
         """Tombstone an internal node (its KV stays). The checkpoint must be unlocked."""
+        self.version += 1
         slot = node.mamba_slot
         assert slot is not None and node.mamba_lock_ref == 0 and node.children
         node.mamba_slot = None
@@ -537,6 +560,7 @@ class RadixTree:
         """Delete an unlocked leaf (KV and checkpoint). Then, unless ``mamba_kv_only_leaves`` (SGLang 0.5.23
         keeps such an ancestor's KV as a KV-only leaf, for KV eviction to take), every tombstone ancestor
         that becomes a leaf goes too (0.5.20). O(removed * log n)."""
+        self.version += 1
         node = leaf
         while True:
             assert not node.children and node.full_lock_ref == 0 and node.mamba_lock_ref == 0
