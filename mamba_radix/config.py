@@ -3,8 +3,10 @@
 Option names follow SGLang's server arguments (``--mamba-radix-cache-strategy`` becomes
 ``mamba_radix_cache_strategy``), so a config can be read straight off an engine's flags. Validation runs
 once, in ``__post_init__``; an invalid combination raises :class:`~mamba_radix.errors.ConfigError` whose
-message names the flag and the fix. Derived values (the resolved strategy, the ping-pong size, the slots
-reserved per running request) are properties, computed from the fields and never stored twice.
+message names the field (the Python argument: ``page_size=16``), the value and the fix; the CLI shows
+the same message in flag names (:func:`mamba_radix.flags.flag_message`). Derived values (the resolved
+strategy, the ping-pong size, the slots reserved per running request) are properties, computed from the
+fields and never stored twice.
 """
 
 from __future__ import annotations
@@ -72,8 +74,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _asked(asked: str, strategy: str) -> str:
+    """The strategy as the caller gave it, for a message (``auto`` says what it resolved to)."""
+    return f"mamba_radix_cache_strategy={asked!r}" + (
+        "" if asked == strategy else f" (resolved to {strategy})"
+    )
 
 
 @dataclass(frozen=True)
@@ -164,103 +169,103 @@ class CacheConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ConfigError(f"{_flag(f.name)} must be an integer, got {value!r}")
+                raise ConfigError(f"{f.name} must be an integer, got {value!r}")
             if f.type in ("bool",) and not isinstance(value, bool):
-                raise ConfigError(f"{_flag(f.name)} must be true or false, got {value!r}")
+                raise ConfigError(f"{f.name} must be True or False, got {value!r}")
             if f.type in ("float",) and (
                 not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             ):
-                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value!r}")
+                raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
 
     def _check_choices(self) -> None:
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")
+                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
     def _check_ranges(self) -> None:
         if self.page_size < 1:
-            raise ConfigError(f"--page-size must be >= 1, got {self.page_size}")
+            raise ConfigError(f"page_size must be >= 1, got {self.page_size}")
         if self.mamba_track_interval < 1:
-            raise ConfigError(f"--mamba-track-interval must be >= 1, got {self.mamba_track_interval}")
+            raise ConfigError(f"mamba_track_interval must be >= 1, got {self.mamba_track_interval}")
         if self.mamba_cache_chunk_size < 1:
-            raise ConfigError(f"--mamba-cache-chunk-size must be >= 1, got {self.mamba_cache_chunk_size}")
+            raise ConfigError(f"mamba_cache_chunk_size must be >= 1, got {self.mamba_cache_chunk_size}")
         if self.mamba_max_states_per_path == 0 or self.mamba_max_states_per_path < -1:
             raise ConfigError(
-                f"--mamba-max-states-per-path must be -1 (unlimited) or a positive count, "
+                f"mamba_max_states_per_path must be -1 (unlimited) or a positive count, "
                 f"got {self.mamba_max_states_per_path}"
             )
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ConfigError(
-                f"--chunked-prefill-size must be -1 (no chunking) or a positive token count, "
+                f"chunked_prefill_size must be -1 (no chunking) or a positive token count, "
                 f"got {self.chunked_prefill_size}"
             )
         if self.speculative_num_draft_tokens < 0:
             raise ConfigError(
-                f"--speculative-num-draft-tokens must be >= 0, got {self.speculative_num_draft_tokens}"
+                f"speculative_num_draft_tokens must be >= 0, got {self.speculative_num_draft_tokens}"
             )
         if self.mamba_flop_weight < 0:
             raise ConfigError(
-                f"--mamba-flop-weight must be >= 0 (ticks per doubling of saved compute; 0 = plain LRU), "
+                f"mamba_flop_weight must be >= 0 (ticks per doubling of saved compute; 0 = plain LRU), "
                 f"got {self.mamba_flop_weight}"
             )
         if self.mamba_flop_crossover < 1:
-            raise ConfigError(
-                f"--mamba-flop-crossover must be >= 1 (tokens), got {self.mamba_flop_crossover}"
-            )
+            raise ConfigError(f"mamba_flop_crossover must be >= 1 (tokens), got {self.mamba_flop_crossover}")
 
     def _check_strategy(self) -> None:
         asked = self.mamba_radix_cache_strategy
         strategy = self.strategy
         if strategy == "no_buffer" and self.page_size != 1:
-            hint = "" if asked == "auto" else " or use --mamba-radix-cache-strategy extra_buffer"
+            hint = "" if asked == "auto" else " or use mamba_radix_cache_strategy='extra_buffer'"
             raise ConfigError(
-                f"--mamba-radix-cache-strategy no_buffer needs --page-size 1 (got {self.page_size}); "
-                f"set --page-size 1{hint}"
+                f"{_asked(asked, strategy)} needs page_size=1 (got {self.page_size}); set page_size=1{hint}"
             )
         if strategy == "no_buffer" and self.mamba_checkpoint_admission != "all":
             hint = (
-                "set --mamba-radix-cache-strategy extra_buffer"
+                "set mamba_radix_cache_strategy='extra_buffer'"
                 if self.model_supports_extra_buffer
                 else "the model has no extra-buffer support"
             )
             raise ConfigError(
-                f"--mamba-checkpoint-admission {self.mamba_checkpoint_admission} needs extra_buffer or "
+                f"mamba_checkpoint_admission={self.mamba_checkpoint_admission!r} needs extra_buffer or "
                 f"extra_buffer_lazy (no_buffer copies the live state at every chunk end; the strategy in "
-                f"force is no_buffer); {hint}, or use --mamba-checkpoint-admission all"
+                f"force is no_buffer); {hint}, or use mamba_checkpoint_admission='all'"
             )
         if strategy in ("extra_buffer", "extra_buffer_lazy"):
             if not self.model_supports_extra_buffer:
                 raise ConfigError(
-                    f"--mamba-radix-cache-strategy {strategy} needs a model with extra-buffer support; "
-                    "use --mamba-radix-cache-strategy no_buffer (or auto)"
+                    f"{_asked(asked, strategy)} needs a model with extra-buffer support "
+                    "(model_supports_extra_buffer=True); "
+                    "use mamba_radix_cache_strategy='no_buffer' (or auto)"
                 )
             if self.mamba_track_interval < self.speculative_num_draft_tokens:
                 raise ConfigError(
-                    f"--mamba-track-interval ({self.mamba_track_interval}) must be >= "
-                    f"--speculative-num-draft-tokens ({self.speculative_num_draft_tokens}); "
+                    f"mamba_track_interval={self.mamba_track_interval} must be >= "
+                    f"speculative_num_draft_tokens={self.speculative_num_draft_tokens}; "
                     "raise the interval"
                 )
             if self.mamba_track_interval % self.page_size != 0:
                 raise ConfigError(
-                    f"--mamba-track-interval ({self.mamba_track_interval}) must be a multiple of "
-                    f"--page-size ({self.page_size}); pick an interval that --page-size divides"
+                    f"mamba_track_interval={self.mamba_track_interval} must be a multiple of "
+                    f"page_size={self.page_size}; pick an interval that page_size divides"
                 )
             if self.disable_radix_cache and self.speculative_num_draft_tokens == 0:
                 raise ConfigError(
-                    f"--mamba-radix-cache-strategy {strategy} is useless with --disable-radix-cache and no "
-                    "speculative decoding; use no_buffer or enable the radix cache"
+                    f"{_asked(asked, strategy)} is useless with disable_radix_cache=True and no "
+                    "speculative decoding; "
+                    "use mamba_radix_cache_strategy='no_buffer' or enable the radix cache"
                 )
         if strategy == "extra_buffer_lazy":
             if self.disable_overlap_schedule:
                 raise ConfigError(
-                    "--mamba-radix-cache-strategy extra_buffer_lazy requires overlap scheduling; "
-                    "drop --disable-overlap-schedule or use extra_buffer"
+                    "mamba_radix_cache_strategy='extra_buffer_lazy' requires overlap scheduling; "
+                    "set disable_overlap_schedule=False or use mamba_radix_cache_strategy='extra_buffer'"
                 )
             if self.disaggregation_mode != "null":
                 raise ConfigError(
-                    "--mamba-radix-cache-strategy extra_buffer_lazy is not supported with PD disaggregation "
-                    f"(--disaggregation-mode {self.disaggregation_mode}); use extra_buffer"
+                    "mamba_radix_cache_strategy='extra_buffer_lazy' is not supported with PD disaggregation "
+                    f"(disaggregation_mode={self.disaggregation_mode!r}); "
+                    "use mamba_radix_cache_strategy='extra_buffer'"
                 )
 
     # -------------------------------------------------------------------------------------- derived values

@@ -367,19 +367,68 @@ def _list_of(conv: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
-# Python argument names a library message may use, and the flag of each (only names with an underscore
-# or listed here are mapped: plain words such as "mode" stay words)
-def _names() -> dict[str, str]:
-    names = {f.dest: f.flag for f in FLAGS() if "_" in f.dest}
-    names.update(budget_gib="--memory-budget-gb", max_running_requests="--max-running-requests")
-    return names
+# Python argument names a library message may use that are no flag's dest, and the flag of each
+_EXTRA_NAMES = {
+    "budget_gib": "--memory-budget-gb",
+    "max_running_requests": "--max-running-requests",
+    "overwrite": "--force",
+    "backend": "--backend",
+    "jobs": "--jobs",
+}
+# objects a message may name a field through (``cost.decode_step_s``): the flag sets the field itself
+_HOLDERS = ("cost", "options", "config")
+
+
+def _names() -> tuple[dict[str, str], frozenset[str]]:
+    """Every Python argument name with a flag, the flag of each, and the flags that are switches."""
+    names = {f.dest: f.flag for f in FLAGS()}
+    names.update(_EXTRA_NAMES)
+    switches = frozenset({f.flag for f in FLAGS() if f.switch} | {"--force"})
+    return names, switches
+
+
+_PATTERN: re.Pattern[str] | None = None
+
+
+def _pattern(names: Iterable[str]) -> re.Pattern[str]:
+    global _PATTERN
+    if _PATTERN is None:
+        alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+        _PATTERN = re.compile(
+            rf"(?<![\w./-])(?P<holder>(?:{'|'.join(_HOLDERS)})\.)?(?P<name>{alternatives})"
+            r"(?:=(?P<value>'[^']*'|\"[^\"]*\"|[^\s,;():'\"]+))?(?![\w-])"
+        )
+    return _PATTERN
 
 
 def flag_message(message: str) -> str:
-    """``message`` with the Python argument names it uses (``budget_gib``, ``kv_tokens``, ...) replaced by
-    the flags that set them (``--memory-budget-gb``, ``--kv-tokens``). O(len(message) * flags)."""
-    names = _names()
-    pattern = re.compile(
-        r"(?<![\w-])(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")(?![\w-])"
-    )
-    return pattern.sub(lambda m: names[m.group(1)], message)
+    """``message`` (a library error, in Python argument names) in the flags that set those arguments.
+
+    - ``name=value`` becomes ``--flag value`` (a quoted string unquoted; a switch's ``=True`` is the
+      flag alone, ``=False`` is ``--flag false``): ``page_size=1`` -> ``--page-size 1``,
+      ``peer='marconi'`` -> ``--peer marconi``, ``overwrite=True`` -> ``--force``.
+    - a bare name with an underscore becomes its flag: ``budget_gib`` -> ``--memory-budget-gb``;
+      ``cost.decode_step_s`` -> ``--decode-step-s``.
+    - a bare name without one (``mode``, ``peer``) only as the subject of the message or of a clause
+      after ``": "`` (``mode must be ...``): elsewhere it is a plain word ("the peer sets").
+
+    Names no flag sets (``model_supports_extra_buffer``) stay as they are. O(len(message) * flags)."""
+    names, switches = _names()
+    pattern = _pattern(names)
+
+    def sub(m: re.Match[str]) -> str:
+        name, value, holder = m.group("name"), m.group("value"), m.group("holder")
+        flag = names[name]
+        if value is not None:
+            if value[:1] in ("'", '"'):
+                value = value[1:-1]
+            if flag in switches and value in ("True", "False"):
+                return flag if value == "True" else f"{flag} false"
+            return f"{flag} {value}"
+        start = m.start()
+        subject = (start == 0 or message.endswith(": ", 0, start)) and message.startswith(" must ", m.end())
+        if "_" in name or holder or subject:
+            return flag
+        return m.group(0)
+
+    return pattern.sub(sub, message)

@@ -1,4 +1,4 @@
-"""CacheConfig: every ConfigError case (the message names the flag, the value and the fix), auto
+"""CacheConfig: every ConfigError case (the message names the field, the value and the fix), auto
 resolution, ping-pong size, slots reserved per request (DESIGN.md §6 table) and max_running_requests."""
 
 from __future__ import annotations
@@ -13,77 +13,79 @@ from mamba_radix import CacheConfig, ConfigError
 
 # (fields, regex the message must match): one row per validation rule
 CONFIG_ERRORS = [
-    ({"page_size": "4"}, r"--page-size must be an integer, got '4'"),
-    ({"page_size": 1.5}, r"--page-size must be an integer, got 1.5"),
-    ({"page_size": True}, r"--page-size must be an integer, got True"),
-    ({"mamba_track_interval": None}, r"--mamba-track-interval must be an integer"),
-    ({"disable_overlap_schedule": "yes"}, r"--disable-overlap-schedule must be true or false, got 'yes'"),
-    ({"skip_decode_lock": 1}, r"--skip-decode-lock must be true or false, got 1"),
-    ({"page_size": 0}, r"--page-size must be >= 1, got 0"),
-    ({"mamba_track_interval": 0}, r"--mamba-track-interval must be >= 1, got 0"),
-    ({"mamba_cache_chunk_size": -64}, r"--mamba-cache-chunk-size must be >= 1, got -64"),
-    ({"mamba_max_states_per_path": 0}, r"--mamba-max-states-per-path must be -1 \(unlimited\).*got 0"),
-    ({"mamba_max_states_per_path": -2}, r"--mamba-max-states-per-path must be -1 .*got -2"),
-    ({"chunked_prefill_size": 0}, r"--chunked-prefill-size must be -1 \(no chunking\).*got 0"),
-    ({"chunked_prefill_size": -5}, r"--chunked-prefill-size must be -1 .*got -5"),
-    ({"speculative_num_draft_tokens": -1}, r"--speculative-num-draft-tokens must be >= 0, got -1"),
+    ({"page_size": "4"}, r"page_size must be an integer, got '4'"),
+    ({"page_size": 1.5}, r"page_size must be an integer, got 1.5"),
+    ({"page_size": True}, r"page_size must be an integer, got True"),
+    ({"mamba_track_interval": None}, r"mamba_track_interval must be an integer"),
+    ({"disable_overlap_schedule": "yes"}, r"disable_overlap_schedule must be True or False, got 'yes'"),
+    ({"skip_decode_lock": 1}, r"skip_decode_lock must be True or False, got 1"),
+    ({"page_size": 0}, r"page_size must be >= 1, got 0"),
+    ({"mamba_track_interval": 0}, r"mamba_track_interval must be >= 1, got 0"),
+    ({"mamba_cache_chunk_size": -64}, r"mamba_cache_chunk_size must be >= 1, got -64"),
+    ({"mamba_max_states_per_path": 0}, r"mamba_max_states_per_path must be -1 \(unlimited\).*got 0"),
+    ({"mamba_max_states_per_path": -2}, r"mamba_max_states_per_path must be -1 .*got -2"),
+    ({"chunked_prefill_size": 0}, r"chunked_prefill_size must be -1 \(no chunking\).*got 0"),
+    ({"chunked_prefill_size": -5}, r"chunked_prefill_size must be -1 .*got -5"),
+    ({"speculative_num_draft_tokens": -1}, r"speculative_num_draft_tokens must be >= 0, got -1"),
     (
         {"mamba_radix_cache_strategy": "ping_pong"},
-        r"--mamba-radix-cache-strategy must be one of .*'ping_pong'",
+        r"mamba_radix_cache_strategy must be one of .*'ping_pong'",
     ),
     (
         {"mamba_eviction_order": "fifo"},
-        r"--mamba-eviction-order must be one of leaf_first, root_first, mixed, flop_weighted, got 'fifo'",
+        r"mamba_eviction_order must be one of leaf_first, root_first, mixed, flop_weighted, got 'fifo'",
     ),
-    ({"mamba_lru_refresh": "all"}, r"--mamba-lru-refresh must be one of node, path, got 'all'"),
+    ({"mamba_lru_refresh": "all"}, r"mamba_lru_refresh must be one of node, path, got 'all'"),
     (
         {"mamba_eviction_order": "marconi"},
-        r"--mamba-eviction-order must be one of leaf_first, root_first, mixed, flop_weighted, got 'marconi'",
+        r"mamba_eviction_order must be one of leaf_first, root_first, mixed, flop_weighted, got 'marconi'",
     ),
-    ({"mamba_flop_weight": -0.5}, r"--mamba-flop-weight must be >= 0 .*0 = plain LRU\), got -0.5"),
-    ({"mamba_flop_weight": "8"}, r"--mamba-flop-weight must be a finite number, got '8'"),
-    ({"mamba_flop_weight": float("nan")}, r"--mamba-flop-weight must be a finite number, got nan"),
-    ({"mamba_flop_weight": float("inf")}, r"--mamba-flop-weight must be a finite number, got inf"),
-    ({"mamba_flop_weight": True}, r"--mamba-flop-weight must be a finite number, got True"),
-    ({"mamba_flop_crossover": 0}, r"--mamba-flop-crossover must be >= 1 \(tokens\), got 0"),
-    ({"mamba_flop_crossover": 1.5}, r"--mamba-flop-crossover must be an integer, got 1.5"),
+    ({"mamba_flop_weight": -0.5}, r"mamba_flop_weight must be >= 0 .*0 = plain LRU\), got -0.5"),
+    ({"mamba_flop_weight": "8"}, r"mamba_flop_weight must be a finite number, got '8'"),
+    ({"mamba_flop_weight": float("nan")}, r"mamba_flop_weight must be a finite number, got nan"),
+    ({"mamba_flop_weight": float("inf")}, r"mamba_flop_weight must be a finite number, got inf"),
+    ({"mamba_flop_weight": True}, r"mamba_flop_weight must be a finite number, got True"),
+    ({"mamba_flop_crossover": 0}, r"mamba_flop_crossover must be >= 1 \(tokens\), got 0"),
+    ({"mamba_flop_crossover": 1.5}, r"mamba_flop_crossover must be an integer, got 1.5"),
     (
         {"mamba_checkpoint_admission": "marconi"},
-        r"--mamba-checkpoint-admission must be one of all, branch_and_end, got 'marconi'",
+        r"mamba_checkpoint_admission must be one of all, branch_and_end, got 'marconi'",
     ),
     (
         {"mamba_checkpoint_admission": "branch_and_end", "mamba_radix_cache_strategy": "no_buffer"},
-        r"--mamba-checkpoint-admission branch_and_end needs extra_buffer or extra_buffer_lazy .*; "
-        r"set --mamba-radix-cache-strategy extra_buffer, or use --mamba-checkpoint-admission all",
+        r"mamba_checkpoint_admission='branch_and_end' needs extra_buffer or extra_buffer_lazy .*; "
+        r"set mamba_radix_cache_strategy='extra_buffer', or use mamba_checkpoint_admission='all'$",
     ),
     (
         # auto resolves to no_buffer without overlap
         {"mamba_checkpoint_admission": "branch_and_end", "disable_overlap_schedule": True},
-        r"branch_and_end needs extra_buffer .*the strategy in force is no_buffer\); set "
-        r"--mamba-radix-cache-strategy extra_buffer",
+        r"branch_and_end' needs extra_buffer .*the strategy in force is no_buffer\); set "
+        r"mamba_radix_cache_strategy='extra_buffer'",
     ),
     (
         {"mamba_checkpoint_admission": "branch_and_end", "model_supports_extra_buffer": False},
-        r"branch_and_end needs extra_buffer .*; the model has no extra-buffer support, or use "
-        r"--mamba-checkpoint-admission all",
+        r"branch_and_end' needs extra_buffer .*; the model has no extra-buffer support, or use "
+        r"mamba_checkpoint_admission='all'$",
     ),
     (
         {"disaggregation_mode": "both"},
-        r"--disaggregation-mode must be one of null, prefill, decode, got 'both'",
+        r"disaggregation_mode must be one of null, prefill, decode, got 'both'",
     ),
     (
         {"mamba_radix_cache_strategy": "no_buffer", "page_size": 16},
-        r"no_buffer needs --page-size 1 \(got 16\); set --page-size 1 or use --mamba-radix-cache-strategy "
-        r"extra_buffer",
+        r"^mamba_radix_cache_strategy='no_buffer' needs page_size=1 \(got 16\); set page_size=1 or use "
+        r"mamba_radix_cache_strategy='extra_buffer'$",
     ),
     (
         # auto falls back to no_buffer without extra-buffer support, which cannot page
         {"page_size": 16, "model_supports_extra_buffer": False},
-        r"no_buffer needs --page-size 1 \(got 16\); set --page-size 1$",
+        r"^mamba_radix_cache_strategy='auto' \(resolved to no_buffer\) needs page_size=1 \(got 16\); "
+        r"set page_size=1$",
     ),
     (
         {"mamba_radix_cache_strategy": "extra_buffer", "model_supports_extra_buffer": False},
-        r"extra_buffer needs a model with extra-buffer support; use --mamba-radix-cache-strategy no_buffer",
+        r"^mamba_radix_cache_strategy='extra_buffer' needs a model with extra-buffer support "
+        r"\(model_supports_extra_buffer=True\); use mamba_radix_cache_strategy='no_buffer'",
     ),
     (
         {
@@ -91,31 +93,45 @@ CONFIG_ERRORS = [
             "mamba_track_interval": 4,
             "speculative_num_draft_tokens": 8,
         },
-        r"--mamba-track-interval \(4\) must be >= --speculative-num-draft-tokens \(8\); raise the interval",
+        r"^mamba_track_interval=4 must be >= speculative_num_draft_tokens=8; raise the interval$",
     ),
     (
         {"mamba_radix_cache_strategy": "extra_buffer", "page_size": 48, "mamba_track_interval": 256},
-        r"--mamba-track-interval \(256\) must be a multiple of --page-size \(48\)",
+        r"^mamba_track_interval=256 must be a multiple of page_size=48; pick an interval that page_size divides$",
     ),
     (
         {"mamba_radix_cache_strategy": "extra_buffer", "disable_radix_cache": True},
-        r"extra_buffer is useless with --disable-radix-cache and no speculative decoding",
+        r"^mamba_radix_cache_strategy='extra_buffer' is useless with disable_radix_cache=True and no "
+        r"speculative decoding; use mamba_radix_cache_strategy='no_buffer' or enable the radix cache$",
     ),
     (
         {"mamba_radix_cache_strategy": "extra_buffer_lazy", "disable_overlap_schedule": True},
-        r"extra_buffer_lazy requires overlap scheduling; drop --disable-overlap-schedule or use extra_buffer",
+        r"^mamba_radix_cache_strategy='extra_buffer_lazy' requires overlap scheduling; set "
+        r"disable_overlap_schedule=False or use mamba_radix_cache_strategy='extra_buffer'$",
     ),
     (
         {"mamba_radix_cache_strategy": "extra_buffer_lazy", "disaggregation_mode": "decode"},
-        r"extra_buffer_lazy is not supported with PD disaggregation \(--disaggregation-mode decode\)",
+        r"extra_buffer_lazy' is not supported with PD disaggregation \(disaggregation_mode='decode'\); "
+        r"use mamba_radix_cache_strategy='extra_buffer'$",
     ),
 ]
 
 
 @pytest.mark.parametrize(("fields", "message"), CONFIG_ERRORS, ids=[str(f) for f, _ in CONFIG_ERRORS])
-def test_config_error_names_flag_value_and_fix(fields: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+def test_config_error_names_field_value_and_fix(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
         CacheConfig(**fields)
+    # a library error speaks in Python argument names (the CLI maps them to its flags: test_cli.py)
+    text = str(info.value)
+    assert "--" not in text, text
+    assert any(name in text for name in fields), text
+
+
+def test_auto_says_what_it_resolved_to() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^mamba_radix_cache_strategy='auto' \(resolved to extra_buffer\) is useless"
+    ):
+        CacheConfig(disable_radix_cache=True)
 
 
 def test_peer_policy_fields_accept_valid_values() -> None:
@@ -135,7 +151,7 @@ def test_peer_policy_fields_accept_valid_values() -> None:
 
 def test_replace_validates_and_config_is_frozen() -> None:
     config = CacheConfig()
-    with pytest.raises(ConfigError, match="--page-size must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^page_size must be >= 1, got 0$"):
         config.replace(page_size=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.page_size = 4  # type: ignore[misc]
