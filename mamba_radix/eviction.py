@@ -90,14 +90,14 @@ class CheckpointOrder:
     def __post_init__(self) -> None:
         if self.name not in EVICTION_ORDERS:
             raise ConfigError(
-                f"--mamba-eviction-order must be one of {', '.join(EVICTION_ORDERS)}, got {self.name!r}"
+                f"eviction order must be one of {', '.join(EVICTION_ORDERS)}, got {self.name!r}"
             )
         weight = self.flop_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
-            raise ConfigError(f"--mamba-flop-weight must be a finite number >= 0, got {weight!r}")
+            raise ConfigError(f"flop_weight must be a finite number >= 0, got {weight!r}")
         crossover = self.flop_crossover
         if isinstance(crossover, bool) or not isinstance(crossover, int) or crossover < 1:
-            raise ConfigError(f"--mamba-flop-crossover must be an integer >= 1, got {crossover!r}")
+            raise ConfigError(f"flop_crossover must be an integer >= 1, got {crossover!r}")
 
     @classmethod
     def from_config(cls, config: CacheConfig) -> CheckpointOrder:

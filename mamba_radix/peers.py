@@ -200,7 +200,7 @@ PEERS: dict[str, Peer] = {
 def _lookup(name: str) -> Peer:
     peer = PEERS.get(name)
     if peer is None:
-        raise ConfigError(f"--peer must be one of {', '.join(PEERS)}, got {name!r}")
+        raise ConfigError(f"unknown peer {name!r}; use one of {', '.join(PEERS)}")
     return peer
 
 
@@ -218,4 +218,4 @@ def apply_peer(config: CacheConfig, name: str) -> CacheConfig:
     try:
         return config.replace(**changes)
     except ConfigError as err:
-        raise ConfigError(f"--peer {name}: {err}") from err
+        raise ConfigError(f"peer={name!r}: {err}") from err

@@ -277,10 +277,13 @@ def test_flop_score_values() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("fifo",), r"--mamba-eviction-order must be one of leaf_first, root_first, mixed, flop_weighted"),
-        (("flop_weighted", -1.0), r"--mamba-flop-weight must be a finite number >= 0, got -1.0"),
-        (("flop_weighted", float("inf")), r"--mamba-flop-weight must be a finite number >= 0"),
-        (("flop_weighted", 1.0, 0), r"--mamba-flop-crossover must be an integer >= 1, got 0"),
+        (
+            ("fifo",),
+            r"^eviction order must be one of leaf_first, root_first, mixed, flop_weighted, got 'fifo'$",
+        ),
+        (("flop_weighted", -1.0), r"^flop_weight must be a finite number >= 0, got -1.0$"),
+        (("flop_weighted", float("inf")), r"^flop_weight must be a finite number >= 0, got inf$"),
+        (("flop_weighted", 1.0, 0), r"^flop_crossover must be an integer >= 1, got 0$"),
     ],
 )
 def test_checkpoint_order_validates(args: tuple, message: str) -> None:

@@ -282,7 +282,7 @@ def test_expand_definition_dedups_and_validates() -> None:
     assert [s.group for s in specs] == ["a", "a", "b"] and specs[2].budget_gib == 1.0
     with pytest.raises(ConfigError, match="unknown parameter"):
         expand_definition({"trace": "t", "groups": [{"vary": {"bogus": [1]}}]})
-    with pytest.raises(ConfigError, match="--mamba-radix-cache-strategy"):
+    with pytest.raises(ConfigError, match=r"mamba_radix_cache_strategy must be one of .*, got 'fast'"):
         expand_definition({"trace": "t", "groups": [{"vary": {"mamba_radix_cache_strategy": ["fast"]}}]})
 
 

@@ -141,13 +141,18 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         if self.mode not in ("timed", "sequential"):
-            raise ConfigError(f"--mode must be timed or sequential, got {self.mode!r}")
+            raise ConfigError(f"mode must be 'timed' or 'sequential', got {self.mode!r}")
         if self.arrival_time_scale <= 0:
-            raise ConfigError(f"--arrival-time-scale must be > 0, got {self.arrival_time_scale}")
+            raise ConfigError(f"arrival_time_scale must be > 0, got {self.arrival_time_scale}")
         if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ConfigError(f"--max-running-requests must be >= 1, got {self.max_running_requests}")
+            raise ConfigError(
+                f"max_running_requests must be >= 1 (or None: no cap), got {self.max_running_requests}"
+            )
         if self.cost.prefill_tokens_per_s <= 0 or self.cost.decode_step_s < 0:
-            raise ConfigError("--prefill-tokens-per-s must be > 0 and --decode-step-s >= 0")
+            raise ConfigError(
+                "cost.prefill_tokens_per_s must be > 0 and cost.decode_step_s >= 0, "
+                f"got {self.cost.prefill_tokens_per_s} and {self.cost.decode_step_s}"
+            )
 
 
 class _CountingMambaPool(MambaPool):
@@ -228,7 +233,7 @@ class Engine:
         if self.max_running < 1:
             raise ConfigError(
                 f"{pools.state_slots} state slots admit no request ({config.slots_per_request} per request); "
-                "raise --max-mamba-cache-size or the memory ratio"
+                "give pools with more state slots (raise max_mamba_cache_size or mamba_full_memory_ratio)"
             )
         self.mamba_pool = _CountingMambaPool(
             pools.state_slots,

@@ -88,16 +88,12 @@ class DefinitionError(ConfigError):
         super().__init__("\n".join(self.problems))
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def peer_config(fields_set: dict[str, Any], peer: str | None) -> CacheConfig:
     """The run's :class:`CacheConfig`: ``fields_set`` (the fields the user gave), then peer ``peer``'s
     policy applied on top (:func:`mamba_radix.peers.apply_peer`).
 
     A field the user gave that the peer would set to another value is a contradiction, not an override:
-    :class:`ConfigError` ``"--mamba-eviction-order conflicts with --peer marconi; drop one"`` (every
+    :class:`ConfigError` ``"mamba_eviction_order conflicts with peer='marconi'; drop one"`` (every
     such field named). A field given with the value the peer sets anyway is accepted. Unknown peer
     names and invalid results raise :class:`ConfigError` too. O(fields).
     """
@@ -105,13 +101,13 @@ def peer_config(fields_set: dict[str, Any], peer: str | None) -> CacheConfig:
     if peer is None:
         return config
     if peer not in PEERS:
-        raise ConfigError(f"--peer must be one of {', '.join(PEERS)}, got {peer!r}")
+        raise ConfigError(f"peer must be one of {', '.join(PEERS)} (or None), got {peer!r}")
     changes = peer_changes(config, peer)
     clash = [k for k in fields_set if k in changes and changes[k] != fields_set[k]]
     if clash:
-        flags = ", ".join(_flag(k) for k in clash)
+        names = ", ".join(clash)
         verb = "conflicts" if len(clash) == 1 else "conflict"
-        raise ConfigError(f"{flags} {verb} with --peer {peer}; drop one")
+        raise ConfigError(f"{names} {verb} with peer={peer!r}; drop one")
     return apply_peer(config, peer)
 
 
@@ -153,7 +149,7 @@ class RunSpec:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` now for what would fail the run at its start: an invalid config, a
-        flag against the peer, an unknown synthetic generator, bad options, a bad model or deployment,
+        field against the peer, an unknown synthetic generator, bad options, a bad model or deployment,
         pools the budget cannot buy or the simulator cannot hold. O(fields) plus the planner's sizing."""
         check_simulable(self.cache_config())
         if self.synthetic is not None:
@@ -460,7 +456,7 @@ def check_new_file(path: str | Path, overwrite: bool = False, what: str = "resul
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"folder {parent} of {what} {target.name} is not writable")
     if target.exists() and not overwrite:
-        raise ConfigError(f"{what} {target} exists; pick a new name or pass overwrite (--force)")
+        raise ConfigError(f"{what} {target} exists; pick a new name or pass overwrite=True")
     return target
 
 
@@ -724,7 +720,7 @@ def expand_definition(
                     deployment=parts["deployment"],
                     **parts["budget"],
                 )
-                spec.validate()  # early, with the flag name in the message
+                spec.validate()  # early, with the parameter named in the message
             except ConfigError as err:
                 problem = f"{where}: {err}"
                 if problem not in problems:
