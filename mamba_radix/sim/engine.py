@@ -71,7 +71,6 @@ from mamba_radix.sim.metrics import PoolSample, RunMetrics
 from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
 from mamba_radix.sim.traces import TraceRequest
 from mamba_radix.state_stamp import read_stamp
-from mamba_radix.tree import RadixKey
 
 __all__ = [
     "CostModel",
@@ -198,7 +197,6 @@ class _Expanded:
     index: int
     input_ids: list[int]
     input_array: np.ndarray
-    key: RadixKey  # input[:-1] in the request's namespace: what admission matches
 
 
 class Engine:
@@ -364,7 +362,7 @@ class Engine:
         if self._head is None or self._head.index != trace.index:
             arr = trace.input_array()
             ids = arr.tolist()
-            self._head = _Expanded(trace.index, ids, arr, RadixKey(ids[:-1], trace.extra_key))
+            self._head = _Expanded(trace.index, ids, arr)
         return self._head
 
     def _try_admit(self, trace: TraceRequest, arrival_s: float) -> _SimReq | str:
