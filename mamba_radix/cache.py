@@ -207,7 +207,12 @@ class MambaRadixCache(RequestLifecycle):
         return RadixKey(key, req.extra_key if req is not None else None)
 
     def match_prefix(
-        self, key: RadixKey | Sequence[int], *, cow_mamba: bool = False, req: Req | None = None
+        self,
+        key: RadixKey | Sequence[int],
+        *,
+        cow_mamba: bool = False,
+        req: Req | None = None,
+        walk: Walk | None = None,
     ) -> MatchResult:
         """The longest cached prefix of ``key`` that ends at a checkpoint.
 
@@ -219,13 +224,13 @@ class MambaRadixCache(RequestLifecycle):
         (the matched node is locked meanwhile); if no slot can be had the hit is dropped (the result is
         the root) and counted in ``stats.cow_skipped``.
 
+        ``walk``: a read-only walk of this very key object taken just before (an admission check's,
+        :meth:`RadixTree.walk`), reused if the tree has not changed since, so the key is walked once.
+
         Side effects: **may split a node** (the new parent is a tombstone); ticks the clock and refreshes
         recency (see :meth:`RadixTree.match`). O(L + path * log n), plus one slot copy.
         """
-        return self._match(self._as_key(key, req), cow_mamba, req, None)
-
-    def _match(self, radix_key: RadixKey, cow_mamba: bool, req: Req | None, walk: Walk | None) -> MatchResult:
-        """:meth:`match_prefix`, reusing ``walk`` (from :meth:`_peek` of the same key) if still valid."""
+        radix_key = self._as_key(key, req)
         if cow_mamba and req is not None and req.mamba_pool_idx is not None:
             self._check_cow_target(req)
         if not self.buffer.caches:

@@ -203,7 +203,7 @@ class RequestLifecycle:
         if not check.ok:
             return False
         self.policy.on_admit(req)
-        self._match(key, True, req, walk)  # the check's walk, unless the policy changed the tree
+        self.match_prefix(key, cow_mamba=True, req=req, walk=walk)  # the check's walk, if still valid
         node = req.last_node
         assert node is not None
         self.policy.on_hit(req)
