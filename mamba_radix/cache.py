@@ -328,7 +328,7 @@ class MambaRadixCache(RequestLifecycle):
                 return False
             req.mamba_pool_idx = dst
         assert node.mamba_slot is not None
-        self.mamba_pool.copy_from([node.mamba_slot], [dst])
+        self.mamba_pool.copy_from([node.mamba_slot], [dst], check=False)  # our checkpoint, its own slot
         req.mamba_cow_src_slot = node.mamba_slot
         self.stats.state_copies += 1
         return True

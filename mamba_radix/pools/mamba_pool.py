@@ -172,12 +172,19 @@ class MambaPool:
         return idx
 
     # ---------------------------------------------------------------------------------- state movement
-    def copy_from(self, src_slots: IndexLike, dst_slots: IndexLike) -> None:
+    def copy_from(self, src_slots: IndexLike, dst_slots: IndexLike, check: bool = True) -> None:
         """``state[dst[i]] = state[src[i]]`` over every layer, conv and temporal.
 
         Both sides must be allocated, of equal length, ``dst`` without repeats. Side effect: overwrites
-        the destination slots. O(k * bytes_per_slot).
+        the destination slots. O(k * bytes_per_slot). ``check=False`` is for trusted callers (the cache
+        copying a checkpoint it holds into a slot it just allocated): no allocation, repeat or range
+        checks, no host sync.
         """
+        if not check:
+            src_t = torch.as_tensor(src_slots, dtype=torch.int64, device=self.device)
+            dst_t = torch.as_tensor(dst_slots, dtype=torch.int64, device=self.device)
+            state_ops.copy_slots(self.tensors, src_t, dst_t, check=False)
+            return
         src = self.check_allocated(src_slots)
         dst = self.check_allocated(dst_slots)
         if src.numel() != dst.numel():

@@ -160,8 +160,8 @@ class _CountingMambaPool(MambaPool):
     copied_slots: int = 0
     copy_calls: int = 0
 
-    def copy_from(self, src_slots: Any, dst_slots: Any) -> None:
-        super().copy_from(src_slots, dst_slots)
+    def copy_from(self, src_slots: Any, dst_slots: Any, check: bool = True) -> None:
+        super().copy_from(src_slots, dst_slots, check)
         self.copied_slots += int(torch.as_tensor(dst_slots).numel())
         self.copy_calls += 1
 
