@@ -395,7 +395,7 @@ def _pattern(names: Iterable[str]) -> re.Pattern[str]:
     if _PATTERN is None:
         alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
         _PATTERN = re.compile(
-            rf"(?<![\w./-])(?P<holder>(?:{'|'.join(_HOLDERS)})\.)?(?P<name>{alternatives})"
+            rf"(?<![\w./'\"-])(?P<holder>(?:{'|'.join(_HOLDERS)})\.)?(?P<name>{alternatives})"
             r"(?:=(?P<value>'[^']*'|\"[^\"]*\"|[^\s,;():'\"]+))?(?![\w-])"
         )
     return _PATTERN
@@ -412,7 +412,8 @@ def flag_message(message: str) -> str:
     - a bare name without one (``mode``, ``peer``) only as the subject of the message or of a clause
       after ``": "`` (``mode must be ...``): elsewhere it is a plain word ("the peer sets").
 
-    Names no flag sets (``model_supports_extra_buffer``) stay as they are. O(len(message) * flags)."""
+    Names no flag sets (``model_supports_extra_buffer``), quoted values (``got 'page_size'``) and words
+    inside paths stay as they are. O(len(message) * flags); the pattern is compiled once."""
     names, switches = _names()
     pattern = _pattern(names)
 

@@ -338,6 +338,69 @@ def test_library_argument_names_are_mapped_to_flags() -> None:
     assert (
         flag_message("mode timed; --mamba-track-interval stays") == "mode timed; --mamba-track-interval stays"
     )
+    # name=value is how the flag is given; a switch's True is the flag alone
+    assert flag_message("mamba_radix_cache_strategy='no_buffer' needs page_size=1 (got 16)") == (
+        "--mamba-radix-cache-strategy no_buffer needs --page-size 1 (got 16)"
+    )
+    assert flag_message("set disable_overlap_schedule=False; mamba_kv_only_leaves=True") == (
+        "set --disable-overlap-schedule false; --mamba-kv-only-leaves"
+    )
+    assert flag_message("file x exists; pass overwrite=True") == "file x exists; pass --force"
+    assert flag_message("cost.decode_step_s >= 0") == "--decode-step-s >= 0"
+    # a name without an underscore is a flag only as the subject (or as name=value)
+    assert flag_message("peer='marconi': mode must be 'timed'") == "--peer marconi: --mode must be 'timed'"
+    assert flag_message("the peer sets the mode; got 'x'") == "the peer sets the mode; got 'x'"
+    # names no flag sets, words inside paths and values stay
+    assert flag_message("model_supports_extra_buffer=True") == "model_supports_extra_buffer=True"
+    assert flag_message("/tmp/page_size/a.jsonl got 'page_size'") == "/tmp/page_size/a.jsonl got 'page_size'"
+
+
+# library arguments of a config error, and the same run's flags
+CONFIG_ERROR_RUNS = [
+    (
+        {"mamba_radix_cache_strategy": "no_buffer", "page_size": 16},
+        ["--mamba-radix-cache-strategy", "no_buffer", "--page-size", "16"],
+        "--mamba-radix-cache-strategy no_buffer needs --page-size 1 (got 16); set --page-size 1 or use "
+        "--mamba-radix-cache-strategy extra_buffer",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer_lazy", "disable_overlap_schedule": True},
+        ["--mamba-radix-cache-strategy", "extra_buffer_lazy", "--disable-overlap-schedule"],
+        "--mamba-radix-cache-strategy extra_buffer_lazy requires overlap scheduling; set "
+        "--disable-overlap-schedule false or use --mamba-radix-cache-strategy extra_buffer",
+    ),
+    (
+        {"mamba_radix_cache_strategy": "extra_buffer", "page_size": 48},
+        ["--mamba-radix-cache-strategy", "extra_buffer", "--page-size", "48"],
+        "--mamba-track-interval 256 must be a multiple of --page-size 48; pick an interval that --page-size "
+        "divides",
+    ),
+    (
+        {"mamba_checkpoint_admission": "branch_and_end", "mamba_radix_cache_strategy": "no_buffer"},
+        ["--mamba-checkpoint-admission", "branch_and_end", "--mamba-radix-cache-strategy", "no_buffer"],
+        "--mamba-checkpoint-admission branch_and_end needs extra_buffer or extra_buffer_lazy (no_buffer "
+        "copies the live state at every chunk end; the strategy in force is no_buffer); set "
+        "--mamba-radix-cache-strategy extra_buffer, or use --mamba-checkpoint-admission all",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags", "line"), CONFIG_ERROR_RUNS, ids=[str(f) for f, _, _ in CONFIG_ERROR_RUNS]
+)
+def test_a_config_error_names_python_arguments_in_the_library_and_flags_in_the_cli(
+    fields: dict[str, Any], flags: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mamba_radix import CacheConfig, ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        CacheConfig(**fields)
+    library = str(info.value)
+    assert "--" not in library and any(name in library for name in fields), library
+    assert main(["simulate", "--synthetic", "chat", "--quiet", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mamba-radix simulate: error: {line}\n"
+    assert not any(name in err for name in fields), err
 
 
 def test_an_error_that_is_not_the_librarys_is_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -444,7 +507,8 @@ def test_a_definition_with_problems_reports_each_on_one_line_and_runs_nothing(
         assert len(err) == 4, err
         assert "trace file not found" in err[0] and str(tmp_path / "no_such_trace.jsonl") in err[0]
         assert "group 'a': unknown parameter 'mamba_bogus'" in err[1]
-        assert "group 'b'" in err[2] and "--mamba-radix-cache-strategy" in err[2]
+        # a definition speaks in parameter names, so its problems keep them
+        assert "group 'b': mamba_radix_cache_strategy must be one of" in err[2]
         assert "group 'c': synthetic workload" in err[3]
     assert not out.exists() and not (tmp_path / "s.jsonl").exists()  # no partial report
 
