@@ -401,6 +401,21 @@ class OursSide:
         return hit
 
 
+FAILED: dict[str, str] = {}  # SGLang versions dropped during the run, and why (printed in the report)
+
+
+def run_sides(sides: list[SGLangSide], request: sg_replay.ReplayRequest, chunk: int | None = None) -> None:
+    """Replay ``request`` through every side; a side whose cache raises is dropped from ``sides`` (and
+    from the rest of the run's comparisons for this stage) with the reason in :data:`FAILED`, so one
+    release's failure does not lose the others' numbers."""
+    for side in list(sides):
+        try:
+            side.run(request, chunk)
+        except sg_replay.ReplayError as err:
+            FAILED[side.version] = str(err)
+            sides.remove(side)
+
+
 @contextlib.contextmanager
 def activated_for(sides: Sequence[SGLangSide]) -> Iterator[None]:
     """With one SGLang version, keep its modules in ``sys.modules`` for the whole stage: swapping them
@@ -472,8 +487,7 @@ def stage_trace(traces: list[TraceRequest], sgs: list[Any], progress: Progress) 
         for n, trace in enumerate(traces, 1):
             t0, c0 = CLOCK(), CPU()
             request = sg_replay.ReplayRequest(trace.index, trace.input_ids, trace.output_ids, trace.extra_key)
-            for side in sides:
-                side.run(request)
+            run_sides(sides, request)
             progress.update("trace", n)
             outside_cpu_ns += CPU() - c0
             outside_ns += CLOCK() - t0
@@ -541,8 +555,7 @@ def stage_long(
         first_out = tokens.take(1)
         # the path: P tokens then one more, so the finish's checkpoint sits at P (a multiple of 64)
         build_in = base + tokens.take(1)
-        for side in sides:
-            side.run(_sg_request(0, build_in, first_out), chunk=-1)
+        run_sides(sides, _sg_request(0, build_in, first_out), chunk=-1)
         ours.run(0, build_in, first_out, chunk=-1)
         for side in sides:
             side.times.reset()
@@ -551,8 +564,7 @@ def stage_long(
         for j in range(1, requests_per_path + 1):
             inp = base + tokens.take(chunks * new)
             out = tokens.take(decode)
-            for side in sides:
-                side.run(_sg_request(j, inp, out), chunk=new)
+            run_sides(sides, _sg_request(j, inp, out), chunk=new)
             ours.run(j, inp, out, chunk=new)
             done += 1
             progress.update("long", done)
@@ -590,7 +602,7 @@ def stage_sessions(
             out = tokens.take(output_tokens)
             for side in sides:
                 side.times.reset()
-                side.run(_sg_request(rid, inp, out), chunk=8192)
+            run_sides(sides, _sg_request(rid, inp, out), chunk=8192)
             ours.times.reset()
             ours.run(rid, inp, out, chunk=8192)
             per_turn.append(
@@ -604,7 +616,7 @@ def stage_sessions(
             history[s] = inp + out
             rid += 1
             progress.update("sessions", rid)
-    hits_same = all(ours.hits[i] == side.rows[i].hit for side in sides for i in range(len(ours.hits)))
+    hits_same = all(mine == row.hit for side in sides for mine, row in zip(ours.hits, side.rows, strict=True))
     return {"per_turn": per_turn, "hits_identical": hits_same, "max_depth": max(p["depth"] for p in per_turn)}
 
 
@@ -843,7 +855,9 @@ def report_trace(res: dict[str, Any]) -> list[str]:
 def report_long(res: dict[str, Any]) -> list[str]:
     lines = ["### Long context: a path of P tokens, then hand-overs of 1,024 new tokens each", ""]
     paths = sorted(res)
-    versions = list(res[paths[0]]["sglang"]) if paths else []
+    versions = [
+        v for v in (res[paths[0]]["sglang"] if paths else ()) if all(v in res[p]["sglang"] for p in paths)
+    ]
     ops = (
         ("admission match_prefix (key of P + 4k)", ("admit", "match_prefix"), "match"),
         ("cache_unfinished_req, 1,024 new tokens", ("commit", "cache_unfinished_req"), "handover"),
@@ -892,7 +906,7 @@ def report_long(res: dict[str, Any]) -> list[str]:
 
 def report_sessions(res: dict[str, Any]) -> list[str]:
     per = res["per_turn"]
-    versions = list(per[0]["sglang"]) if per else []
+    versions = [v for v in (per[0]["sglang"] if per else ()) if all(v in r["sglang"] for r in per)]
     q = max(1, len(per) // 4)
     first, last = per[:q], per[-q:]
     lines = [
@@ -1032,6 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = stage_tree(sgs, tree_nodes, measured, args.seed, progress)
                 out += [*report_tree(res), ""]
             progress.run_done(stage, units[stage])
+    for v, why in FAILED.items():
+        out.append(f"- SGLang {v} was dropped during the run: {why}")
     out.append(f"Benchmark wall: {time.perf_counter() - started:.0f} s.")
     text = "\n".join(out)
     print(text)
