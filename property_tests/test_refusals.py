@@ -110,6 +110,27 @@ def test_admission_fault_after_counting_leaks_nothing(strategy, point, mode):
     ]
 
 
+@pytest.mark.parametrize("mode", ["returns_none", "raises"])
+def test_lazy_boundary_borrow_that_fails_changes_nothing(mode, monkeypatch):
+    pool = hybrid("extra_buffer_lazy")
+    r = Req("r", [1])
+    pool.alloc([r])
+    before = snapshot(pool, r)
+
+    def fault(n):
+        if mode == "returns_none":
+            return None
+        raise RuntimeError("injected allocation fault")
+
+    monkeypatch.setattr(pool.mamba_pool, "alloc", fault)
+    if mode == "returns_none":
+        assert pool.lazy_alloc_boundary_slot(r) is False
+    else:
+        with pytest.raises(RuntimeError, match="injected"):
+            pool.lazy_alloc_boundary_slot(r)
+    assert snapshot(pool, r) == before
+
+
 @pytest.mark.parametrize("strategy", ["extra_buffer", "extra_buffer_lazy"])
 def test_admission_refuses_a_request_carrying_another_requests_row_or_slots(strategy):
     pool = hybrid(strategy)
