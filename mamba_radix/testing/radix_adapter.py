@@ -206,13 +206,10 @@ class MambaRadixAdapter:
                 f"{req.cache_protected_len}"
             )
 
-    def _offer(self, req: Req) -> Offer:
-        return (
-            req.extra_key,
-            tuple(req.token_ids(req.kv_len)),
-            self._row(req, req.kv_len),
-            req.cache_protected_len,
-        )
+    def _offer(self, req: Req, upto: int | None = None) -> Offer:
+        """What ``req`` holds up to ``upto`` tokens (its ``kv_len`` by default): tokens, row, protected."""
+        end = req.kv_len if upto is None else upto
+        return (req.extra_key, tuple(req.token_ids(end)), self._row(req, end), req.cache_protected_len)
 
     # ------------------------------------------------------------------------------------ tree ops
     def insert(self, extra_key: Any, tokens: Sequence[int]) -> InsertOutcome | None:
@@ -298,12 +295,7 @@ class MambaRadixAdapter:
         plan = self.cache.extend(req, min(self.params.prefill_chunk, len(req.origin_input_ids) - req.kv_len))
         if plan is None:
             return None
-        offer = (
-            req.extra_key,
-            tuple(req.token_ids(plan.end)),
-            self._row(req, plan.end),
-            req.cache_protected_len,
-        )
+        offer = self._offer(req, plan.end)
         self._commit(plan)
         return [offer]
 
@@ -315,12 +307,7 @@ class MambaRadixAdapter:
         if plan is None:
             req.output_ids.pop()
             return None
-        offer = (
-            req.extra_key,
-            tuple(req.token_ids(plan.end)),
-            self._row(req, plan.end),
-            req.cache_protected_len,
-        )
+        offer = self._offer(req, plan.end)
         self._commit(plan)
         return [offer] if self.config.mamba_decode_insert and plan.track_len is not None else []
 
