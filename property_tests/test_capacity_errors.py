@@ -160,7 +160,7 @@ def test_budget_too_small_for_a_request() -> None:
 
 def test_cache_config_errors_pass_through() -> None:
     # strategy rules are CacheConfig's, reused: lazy needs overlap
-    with pytest.raises(ConfigError, match=r"extra_buffer_lazy requires overlap"):
+    with pytest.raises(ConfigError, match=r"extra_buffer_lazy' requires overlap"):
         CacheConfig(mamba_radix_cache_strategy="extra_buffer_lazy", disable_overlap_schedule=True)
 
 
