@@ -196,7 +196,9 @@ class RequestLifecycle:
 
         A refusal changes nothing. Should a pool allocation fail anyway (only an injected fault can: the
         check counted every slot), the lock, the copy-on-write slot and the request's fields are undone
-        and ``False`` returned; only the match's split and recency refresh stay, which change no hit.
+        and ``False`` returned; the match's split and recency refresh stay (they change no hit), and so
+        do checkpoints the headroom evicted before the failing allocation (SGLang evicts, then
+        allocates).
         O(L + path * log n), plus one slot copy.
         """
         check, key, walk = self._admission_check(req, max_new_tokens)
@@ -227,7 +229,8 @@ class RequestLifecycle:
     def _undo_admission(self: MambaRadixCache, req: Req, node: object) -> None:
         self.tree.dec_lock_ref(node)  # type: ignore[arg-type]
         if req.mamba_pool_idx is not None:  # the copy-on-write target, taken by the match
-            self.mamba_pool.free([req.mamba_pool_idx])
+            # undo_alloc, not free: the next allocation then hands out the slots it would have
+            self.mamba_pool.undo_alloc(torch.tensor([req.mamba_pool_idx], dtype=torch.int64))
             req.mamba_pool_idx = None
         req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
         req.last_node = None
