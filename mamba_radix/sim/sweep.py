@@ -123,6 +123,7 @@ class RunSpec:
     block_size: int = 512
     limit: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    block_convention: str = "auto"  # block traces: "ceil" (Mooncake), "floor", or detected
     budget_gib: float = KIMI_K3_PER_RANK_BUDGET_GIB
     mamba_full_memory_ratio: float = 0.9
     max_mamba_cache_size: int | None = None
@@ -177,6 +178,7 @@ class RunSpec:
         after the peer, if any, and ``peer`` itself)."""
         cfg = self.cache_config()
         out: dict[str, Any] = {"group": self.group, "trace": Path(self.trace).name, "limit": self.limit}
+        out["block_convention"] = self.block_convention
         out["peer"] = self.peer
         out.update({f.name: getattr(cfg, f.name) for f in fields(CacheConfig)})
         out["strategy"] = cfg.strategy
@@ -248,7 +250,11 @@ def infinite_pools(
 
 
 def trace_facts(
-    path: str, fmt: str = "auto", block_size: int = 512, limit: int | None = None
+    path: str,
+    fmt: str = "auto",
+    block_size: int = 512,
+    limit: int | None = None,
+    block_convention: str = "auto",
 ) -> tuple[TraceSummary, tuple[int, ...]]:
     """The trace's totals and the ideal hit of every request, computed once per process and trace.
 
@@ -257,18 +263,20 @@ def trace_facts(
     time. O(rows + blocks) the first time, O(1) after.
     """
     st = os.stat(path)
-    return _trace_facts(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, fmt, block_size, limit)
+    return _trace_facts(
+        str(Path(path).resolve()), st.st_size, st.st_mtime_ns, fmt, block_size, limit, block_convention
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def _trace_facts(
-    path: str, size: int, mtime_ns: int, fmt: str, block_size: int, limit: int | None
+    path: str, size: int, mtime_ns: int, fmt: str, block_size: int, limit: int | None, convention: str
 ) -> tuple[TraceSummary, tuple[int, ...]]:
     del size, mtime_ns  # cache key only: a changed file is read again
-    summary = scan_trace(path, fmt, block_size, limit)  # type: ignore[arg-type]
+    summary = scan_trace(path, fmt, block_size, limit, block_convention=convention)  # type: ignore[arg-type]
     hits: list[int] = []
     ideal = None
-    for req in iter_trace(path, fmt, block_size, limit):  # type: ignore[arg-type]
+    for req in iter_trace(path, fmt, block_size, limit, block_convention=convention):  # type: ignore[arg-type]
         if ideal is None:
             ideal = ideal_for(req)
         hits.append(ideal.observe(req))
@@ -328,12 +336,14 @@ def count_requests(spec: RunSpec) -> int:
     cheap pass over the trace (memoised per file). Raises ``TraceFormatError`` for a bad trace."""
     if spec.synthetic is not None:
         return len(synthetic_requests(spec.synthetic, spec.limit))
-    return _count_trace(_local_trace(spec.trace), spec.trace_format, spec.block_size, spec.limit)
+    return _count_trace(
+        _local_trace(spec.trace), spec.trace_format, spec.block_size, spec.limit, spec.block_convention
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def _count_trace(path: str, fmt: str, block_size: int, limit: int | None) -> int:
-    return scan_trace(path, fmt, block_size, limit).num_requests  # type: ignore[arg-type]
+def _count_trace(path: str, fmt: str, block_size: int, limit: int | None, convention: str) -> int:
+    return scan_trace(path, fmt, block_size, limit, block_convention=convention).num_requests  # type: ignore[arg-type]
 
 
 def spec_pools(
@@ -374,7 +384,9 @@ def run_one(
         out_tok = sum(r.output_len for r in requests)
         max_len = max(r.input_len + r.output_len for r in requests)
     else:
-        summary, ideal_hits = trace_facts(trace, spec.trace_format, spec.block_size, spec.limit)
+        summary, ideal_hits = trace_facts(
+            trace, spec.trace_format, spec.block_size, spec.limit, spec.block_convention
+        )
         num, in_tok, out_tok, max_len = (
             summary.num_requests,
             summary.input_tokens,
@@ -389,7 +401,9 @@ def run_one(
     source = (
         requests
         if requests is not None
-        else iter_trace(trace, spec.trace_format, spec.block_size, spec.limit)
+        else iter_trace(
+            trace, spec.trace_format, spec.block_size, spec.limit, block_convention=spec.block_convention
+        )
     )  # type: ignore[arg-type]
     metrics = engine.run(source, total=num, on_finish=progress, ideal_hits=ideal_hits)
     wall_s = wall_clock() - start
@@ -599,7 +613,7 @@ def _split_params(params: dict[str, Any], where: str, problems: list[str]) -> di
 
 
 _DEFINITION_KEYS = {
-    "title", "description", "trace", "trace_format", "block_size", "limit", "model", "base", "groups",
+    "title", "description", "trace", "trace_format", "block_size", "block_convention", "limit", "model", "base", "groups",
     "plots", "reference",
 }  # fmt: skip
 
@@ -709,6 +723,7 @@ def expand_definition(
                     trace=trace if synthetic is None else label,
                     trace_format=definition.get("trace_format", "auto"),
                     block_size=definition.get("block_size", 512),
+                    block_convention=definition.get("block_convention", "auto"),
                     limit=limit if synthetic is None else group.get("limit"),
                     synthetic=synthetic,
                     config=parts["config"],
