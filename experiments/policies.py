@@ -372,28 +372,47 @@ def write_report(folder: Path, rows: Sequence[dict[str, Any]], info: dict[str, A
     (folder / "report.md").write_text("\n".join(lines) + "\n")
 
 
+STYLE: dict[str, dict[str, Any]] = {
+    "sglang-0.5.20": {"color": "tab:blue", "marker": "v", "linestyle": "--"},
+    "sglang-0.5.23": {"color": "tab:blue", "marker": "o"},
+    "sglang-cap3": {"color": "tab:cyan", "marker": "s"},
+    "thinning": {"color": "tab:green", "marker": "^"},
+    "vllm-sparse": {"color": "tab:purple", "marker": "D", "linestyle": ":"},
+    "marconi": {"color": "tab:orange", "marker": "P"},
+    "sift": {"color": "tab:red", "marker": "*", "linewidth": 2.5, "markersize": 10},
+    "oracle": {"color": "black", "marker": "o", "linewidth": 3},
+}
+
+
+def _varied_gib(row: dict[str, Any], regime: str) -> float:
+    """The bytes of the pool a regime varies: the state slots (slots bind) or the KV pool (KV binds)."""
+    per_slot = 29_039_616 if row.get("bytes_per_state_slot") is None else row["bytes_per_state_slot"]
+    per_token = 27_648 if row.get("bytes_per_kv_token") is None else row["bytes_per_kv_token"]
+    if regime == "slots bind":
+        return row["state_slots"] * per_slot / GIB
+    return row["kv_tokens"] * per_token / GIB
+
+
 def plot(folder: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """One PNG per workload: two panels (slots bind, KV binds), log x in GiB, y from 0 to 1 shared."""
+    """One PNG per workload: two panels (slots bind, KV binds); x: the GiB of the pool the regime varies
+    (log scale; the other pool is fixed, see the panel title), y: token hit rate from 0 to 1, shared.
+    Policies that coincide are drawn with distinct markers and dash patterns so that none hides another."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     for w in sorted({r["workload"] for r in rows}):
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
         for ax, regime in zip(axes, ("slots bind", "KV binds"), strict=True):
             sub = [r for r in rows if r["workload"] == w and r["regime"] == regime]
             if not sub:
                 continue
             for p in POLICIES:
-                pts = sorted((r["memory_gib"], r["token_hit_rate"]) for r in sub if r["policy"] == p)
-                if not pts:
-                    continue
-                style = {"linewidth": 3, "color": "black"} if p == "oracle" else {"linewidth": 1.5}
-                if p == "sift":
-                    style = {"linewidth": 2.5, "color": "tab:red"}
-                ax.plot(*zip(*pts, strict=True), marker="o", label=p, **style)
-            xs = sorted({r["memory_gib"] for r in sub})
+                pts = sorted((_varied_gib(r, regime), r["token_hit_rate"]) for r in sub if r["policy"] == p)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), label=p, **STYLE.get(p, {"marker": "o"}))
+            xs = sorted({_varied_gib(r, regime) for r in sub})
             ax.axhline(
                 sub[0]["infinite_hit_rate"], linestyle="--", color="gray", label="infinite (same config)"
             )
@@ -401,15 +420,19 @@ def plot(folder: Path, rows: Sequence[dict[str, Any]]) -> None:
                 sub[0]["ideal_hit_rate"], linestyle=":", color="gray", label="ideal (longest seen prefix)"
             )
             ax.set_xscale("log")
-            ax.set_xlim(xs[0] / 1.2, xs[-1] * 1.2)
+            ax.set_xlim(xs[0] / 1.3, xs[-1] * 1.3)
             ax.set_ylim(0, 1)
-            ax.set_xlabel("KV + state memory (GiB, Kimi K3 bytes, log scale)")
-            what = (
-                "KV pool holds the whole trace; slots vary"
-                if regime == "slots bind"
-                else "3 slots per request; KV varies"
-            )
-            ax.set_title(f"{regime}: {what}", fontsize=10)
+            if regime == "slots bind":
+                ax.set_xlabel("state-slot memory (GiB, Kimi K3: 29 MB per slot; log scale)")
+                ax.set_title(
+                    f"slots bind: KV pool fixed at every token of the trace ({sub[0]['kv_tokens']:,})",
+                    fontsize=9,
+                )
+            else:
+                ax.set_xlabel("KV memory (GiB, Kimi K3: 27 KB per token; log scale)")
+                ax.set_title(
+                    f"KV binds: state slots fixed at {sub[0]['state_slots']:,} (3 per request)", fontsize=9
+                )
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("token hit rate (full scale 0-1)")
         axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -417,6 +440,15 @@ def plot(folder: Path, rows: Sequence[dict[str, Any]]) -> None:
         fig.tight_layout()
         fig.savefig(folder / f"{w}.png", dpi=110)
         plt.close(fig)
+
+
+def replot(folder: str | Path) -> None:
+    """Redraw the PNGs and the report of an existing results folder (from results.jsonl only)."""
+    path = Path(folder)
+    rows = [json.loads(line) for line in (path / "results.jsonl").read_text().splitlines() if line]
+    info = json.loads((path / "run_info.json").read_text())
+    write_report(path, rows, info)
+    plot(path, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -431,7 +463,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names")
     parser.add_argument("--workloads", default=",".join(SLOT_POINTS), help="comma-separated names")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--replot", metavar="DIR", help="only redraw the report and plots of a results folder"
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        replot(args.replot)
+        return 0
     command = "python experiments/policies.py " + " ".join(sys.argv[1:] if argv is None else argv)
     folder = run_policy_experiment(
         args.out,
