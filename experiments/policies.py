@@ -451,6 +451,67 @@ def replot(folder: str | Path) -> None:
     plot(path, rows)
 
 
+TARGET_POLICIES = ("sglang-0.5.20", "sglang-0.5.23", "sift", "oracle")
+
+
+def run_conversation_target(
+    out: str | Path | None = None,
+    *,
+    requests: int = 2000,
+    kv_tokens: int = 8_000_000,
+    slots: Sequence[int] = (1024, 256),
+    policies: Sequence[str] = TARGET_POLICIES,
+    quiet: bool = False,
+) -> Path:
+    """The issue's target check: the first ``requests`` conversation requests, sequential, extra_buffer,
+    ``kv_tokens`` KV tokens and each slot count, under each policy; writes ``target.jsonl`` and
+    ``target.md`` (hit rates and the gap to the oracle each policy closes against sglang-0.5.23) into a new
+    folder. One process; about 2-4 minutes per run on one core."""
+    folder = new_folder(out)
+    reqs = load_workload("conversation", requests)
+    config = base_config()
+    demands: dict[CacheConfig, list[int]] = {}
+    rows: list[dict[str, Any]] = []
+    total = len(reqs) * (len(slots) * len(policies) + 1)
+    with Progress(total, len(slots) * len(policies) + 1, "target", quiet=quiet) as progress:
+        demands[config] = demand_hits(config, reqs, MODEL)
+        progress.run_done("infinite", len(reqs))
+        for s in slots:
+            for p in policies:
+                run_id = f"{s}/{p}"
+                ctx = PolicyContext(reqs, exact_pools(config, kv_tokens, s, MODEL), MODEL, demands=demands)
+                cpu = time.process_time()
+                result = run_policy(p, config, ctx, on_finish=lambda n, r=run_id: progress.update(r, n))
+                progress.run_done(run_id, len(reqs))
+                rows.append(
+                    {
+                        "slots": s,
+                        "kv_tokens": kv_tokens,
+                        "policy": p,
+                        "token_hit_rate": result["token_hit_rate"],
+                        "cpu_s": round(time.process_time() - cpu, 1),
+                        "checkpoints_declined": result["stats"]["checkpoints_declined"],
+                    }
+                )
+    with open(folder / "target.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    lines = [
+        f"# First {requests} conversation requests, {kv_tokens:,} KV tokens, sequential, extra_buffer",
+        "",
+        "| slots | " + " | ".join(policies) + " | gap closed vs sglang-0.5.23 |",
+        "|---|" + "---|" * (len(policies) + 1),
+    ]
+    for s in slots:
+        at = {r["policy"]: r["token_hit_rate"] for r in rows if r["slots"] == s}
+        base, best = at.get("sglang-0.5.23"), at.get("oracle")
+        closed = ""
+        if base is not None and best is not None and best > base and "sift" in at:
+            closed = f"sift {100 * (at['sift'] - base) / (best - base):.0f}%"
+        lines.append(f"| {s} | " + " | ".join(f"{at[p]:.4f}" for p in policies) + f" | {closed} |")
+    (folder / "target.md").write_text("\n".join(lines) + "\n")
+    return folder
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
