@@ -33,6 +33,7 @@ __all__ = [
     "MOVABLE_ELEMENT_SIZES",
     "bits_view",
     "copy_slots_ref",
+    "copy_slots_trusted",
     "fork_slots_ref",
     "gather_slots_ref",
     "inner_contiguous",
@@ -142,6 +143,15 @@ def move_slots_ref(
 def copy_slots_ref(tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
     """``t[:, dst[i]] = t[:, src[i]]`` for every tensor ``t`` (copy-on-write of a matched checkpoint)."""
     move_slots_ref(tensors, tensors, src, dst)
+
+
+def copy_slots_trusted(tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """:func:`copy_slots_ref` without any check, for callers that validated (``state_ops`` with
+    ``check=False``): same-device int64 index tensors, in range, no skips, ``dst`` disjoint from ``src``.
+    One index copy per tensor. Side effect: writes the destination slots."""
+    for t in tensors:
+        bits = bits_view(t)
+        bits[:, dst] = bits[:, src]
 
 
 def fork_slots_ref(tensors: Sequence[torch.Tensor], src: int, dst: torch.Tensor) -> None:

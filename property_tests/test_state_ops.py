@@ -357,3 +357,21 @@ def test_cuda_gather_to_pinned_host_and_scatter_back() -> None:
     want = loop_move(pool, [(6, 1), (2, 3)])
     state_ops.scatter_slots(pool, i64([1, 3]), host)
     assert_same(pool, want, "scatter from host")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_unchecked_copy_is_bit_identical_to_the_checked_one(dtype: torch.dtype) -> None:
+    """``copy_slots(check=False)`` (the cache's trusted copy-on-write) takes a shortcut past the
+    reference's checks: it must write exactly the same bits, on every tensor and layer."""
+    from mamba_radix import state_ops
+
+    gen = torch.Generator().manual_seed(3)
+    base = [torch.randn(2, 9, 3, 5, generator=gen).to(dtype), torch.randn(2, 9, 4, generator=gen)]
+    src, dst = torch.tensor([1, 4, 4]), torch.tensor([2, 7, 8])
+    checked = [t.clone() for t in base]
+    unchecked = [t.clone() for t in base]
+    state_ops.copy_slots(checked, src, dst, check=True)
+    state_ops.copy_slots(unchecked, src, dst, check=False)
+    for a, b, orig in zip(checked, unchecked, base, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert not torch.equal(a.view(torch.uint8), orig.view(torch.uint8))
