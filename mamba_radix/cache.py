@@ -134,7 +134,7 @@ class MambaRadixCache(RequestLifecycle):
         if token_to_kv_pool_allocator.page_size != config.page_size:
             raise InvalidArgument(
                 f"the token allocator has page_size={token_to_kv_pool_allocator.page_size} but the config "
-                f"says --page-size {config.page_size}; build both with the same page size"
+                f"says page_size={config.page_size}; build both with the same page size"
             )
         self.config = config
         self.req_to_token_pool = req_to_token_pool

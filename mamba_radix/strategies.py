@@ -114,8 +114,9 @@ def _branch_and_end_track_len(
 ) -> int | None:
     if input_len is None:
         raise InvalidArgument(
-            "prefill_track_len needs input_len (the prompt length) under --mamba-checkpoint-admission "
-            "branch_and_end, to know whether a chunk holds the input's end; pass input_len="
+            "prefill_track_len needs input_len (the prompt length) under "
+            "mamba_checkpoint_admission='branch_and_end', to know whether a chunk holds the input's end; "
+            "pass input_len="
         )
     if branching_seqlen is not None and chunk_start < branching_seqlen <= end:
         at_branch = chunk_start + (branching_seqlen - chunk_start) // grid * grid

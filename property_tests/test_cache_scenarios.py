@@ -168,7 +168,7 @@ def test_insert_rejects_memory_the_caller_does_not_hold() -> None:
 
 def test_constructor_rejects_mismatched_pools() -> None:
     cache = make_cache()
-    with pytest.raises(InvalidArgument, match="page_size=4 but the config says --page-size 1"):
+    with pytest.raises(InvalidArgument, match="page_size=4 but the config says page_size=1"):
         MambaRadixCache(NO_BUFFER, cache.req_to_token_pool, PagedTokenToKVPoolAllocator(64, 4))
     with pytest.raises(InvalidArgument, match="built with another CacheConfig"):
         MambaRadixCache(CacheConfig(), cache.req_to_token_pool, cache.token_to_kv_pool_allocator)

@@ -197,7 +197,7 @@ def test_bad_lengths_raise(call) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_branch_and_end_needs_the_prompt_length() -> None:
-    with pytest.raises(InvalidArgument, match=r"needs input_len .* branch_and_end"):
+    with pytest.raises(InvalidArgument, match=r"needs input_len .*branch_and_end"):
         prefill_track_len(BRANCH_AND_END, 0, 200, None)
     with pytest.raises(InvalidArgument, match=r"input_len=100 ends before the chunk \[0, 200\)"):
         prefill_track_len(BRANCH_AND_END, 0, 200, None, input_len=100)

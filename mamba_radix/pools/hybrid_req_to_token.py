@@ -436,7 +436,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def _lazy_buffer(self, req: Req) -> list[int]:
         if not self.is_lazy:
             raise InvalidArgument(
-                f"lazy boundary slots need --mamba-radix-cache-strategy extra_buffer_lazy "
+                f"lazy boundary slots need mamba_radix_cache_strategy='extra_buffer_lazy' "
                 f"(this pool runs {self.config.strategy})"
             )
         self._check_holder(req, "a lazy boundary call")
