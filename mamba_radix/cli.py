@@ -110,6 +110,13 @@ def _add_trace_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size", type=int_in(1, 1 << 20), default=512, help="tokens per block id (default 512)"
     )
+    g.add_argument(
+        "--block-convention",
+        choices=["auto", "ceil", "floor"],
+        default="auto",
+        help="block traces: ceil (the partial tail block has an id: Mooncake), floor (one id per full "
+        "block; the tail becomes fresh tokens), or auto (detected; default)",
+    )
     g.add_argument("--limit", type=_LIMIT, default=None, metavar="N", help="replay only the first N requests")
 
 
@@ -345,6 +352,7 @@ def _make_spec(
         trace=trace,
         trace_format=args.trace_format,
         block_size=args.block_size,
+        block_convention=args.block_convention,
         limit=args.limit,
         config=params["config"],
         model=model,

@@ -584,3 +584,26 @@ def test_sweep_definition_with_other_run_flags_is_refused(
     assert main(argv) == 2
     _one_line_error(capsys, "--definition describes every run")
     assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_block_convention_flag_reaches_the_loader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--block-convention floor`` replays a trace with one id per full block; ``ceil`` on the same file
+    is a one-line error naming the file, the line and the field."""
+    path = tmp_path / "floor.jsonl"
+    rows = [{"timestamp": t, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]} for t in (0, 1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = [
+        "simulate",
+        "--trace",
+        str(path),
+        "--block-size",
+        "4",
+        "--kv-tokens",
+        "1000",
+        "--state-slots",
+        "20",
+    ]
+    assert main([*base, "--block-convention", "floor", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--block-convention", "ceil", "--quiet"]) == 2
+    _one_line_error(capsys, "floor.jsonl:1", "hash_ids", "ceil")
