@@ -105,7 +105,7 @@ def run_ours(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Our simulator, sequential, one row per request (``index``, ``hit``, ``kv_hit``) plus its cache
     stats. ``None`` pools are sized so the trace cannot fill them."""
-    from mamba_radix.sim.budget import PoolSizes
+    from mamba_radix.sim.budget import exact_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
     from mamba_radix.sim.sweep import infinite_pools
 
@@ -114,16 +114,7 @@ def run_ours(
     inf = infinite_pools(config, inputs, outputs, len(traces), "kimi-k3")
     kv = inf.kv_tokens if kv_tokens is None else kv_tokens
     slots = inf.state_slots if state_slots is None else state_slots
-    pools = PoolSizes(
-        kv_tokens=kv,
-        state_slots=slots,
-        max_running_requests=config.max_running_requests(slots),
-        budget_gib=float("nan"),
-        mamba_full_memory_ratio=float("nan"),
-        bytes_per_kv_token=inf.bytes_per_kv_token,
-        bytes_per_state_slot=inf.bytes_per_state_slot,
-        model="kimi-k3",
-    )
+    pools = exact_pools(config, kv, slots, "kimi-k3")
     max_len = max(t.input_len + t.output_len for t in traces)
     engine = Engine(
         config,
