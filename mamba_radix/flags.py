@@ -370,13 +370,19 @@ def _list_of(conv: Callable[[str], Any]) -> Callable[[str], list[Any]]:
 # Python argument names a library message may use that are no flag's dest, and the flag of each
 _EXTRA_NAMES = {
     "budget_gib": "--memory-budget-gb",
+    # the planner's MemoryBudget(rest_gib) / MemoryBudget.from_gpu(gpu_memory_gib, ..., weights_gib) and
+    # Workload.random_range(..., range_ratio)
+    "rest_gib": "--memory-budget-gb",
+    "gpu_memory_gib": "--gpu-memory-gb",
+    "weights_gib": "--weights-gb",
+    "range_ratio": "--random-range-ratio",
     "max_running_requests": "--max-running-requests",
     "overwrite": "--force",
     "backend": "--backend",
     "jobs": "--jobs",
 }
 # objects a message may name a field through (``cost.decode_step_s``): the flag sets the field itself
-_HOLDERS = ("cost", "options", "config")
+_HOLDERS = ("cost", "options", "config", "budget")
 
 
 def _names() -> tuple[dict[str, str], frozenset[str]]:
@@ -408,7 +414,7 @@ def flag_message(message: str) -> str:
       flag alone, ``=False`` is ``--flag false``): ``page_size=1`` -> ``--page-size 1``,
       ``peer='marconi'`` -> ``--peer marconi``, ``overwrite=True`` -> ``--force``.
     - a bare name with an underscore becomes its flag: ``budget_gib`` -> ``--memory-budget-gb``;
-      ``cost.decode_step_s`` -> ``--decode-step-s``.
+      ``cost.decode_step_s`` -> ``--decode-step-s``, ``budget.rest_gib`` -> ``--memory-budget-gb``.
     - a bare name without one (``mode``, ``peer``) only as the subject of the message or of a clause
       after ``": "`` (``mode must be ...``): elsewhere it is a plain word ("the peer sets").
 

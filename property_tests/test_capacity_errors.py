@@ -32,53 +32,57 @@ QWEN = PRESETS["qwen3-next-80b-a3b"]
 
 def test_tp_not_dividing_linear_heads() -> None:
     with pytest.raises(
-        ConfigError, match=r"--tp-size 5 does not divide the 96 key heads of the kda layers"
+        ConfigError, match=r"tp_size=5 does not divide the 96 key heads of the kda layers"
     ) as e:
         state_slot_bytes(KIMI, Parallelism(tp_size=5))
     assert "1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96" in str(e.value)
-    with pytest.raises(ConfigError, match=r"--tp-size 32 does not divide the 16 key heads of the gdn layers"):
+    with pytest.raises(ConfigError, match=r"tp_size=32 does not divide the 16 key heads of the gdn layers"):
         state_slot_bytes(QWEN, Parallelism(tp_size=32))
 
 
 def test_tp_not_dividing_attention_heads() -> None:
-    with pytest.raises(ConfigError, match=r"--tp-size 3 does not divide the 16 query heads"):
+    with pytest.raises(ConfigError, match=r"tp_size=3 does not divide the 16 query heads"):
         kv_token_bytes(QWEN, Parallelism(tp_size=3), "auto")
 
 
 def test_dcp_must_divide_tp_and_replication() -> None:
-    with pytest.raises(ConfigError, match=r"--dcp-size 3 must divide --tp-size 8"):
+    with pytest.raises(ConfigError, match=r"dcp_size=3 must divide tp_size=8; use one of 1, 2, 4, 8"):
         Parallelism(tp_size=8, dcp_size=3)
     # Qwen3-Next at TP8 holds each of its 2 KV heads on 4 GPUs: DCP can use at most that replication.
-    with pytest.raises(ConfigError, match=r"--dcp-size 8 must divide the KV replication factor 4"):
+    with pytest.raises(
+        ConfigError, match=r"dcp_size=8 must divide the KV replication factor 4 .* use a dcp_size in 1, 2, 4$"
+    ):
         kv_token_bytes(QWEN, Parallelism(tp_size=8, dcp_size=8), "auto")
     assert kv_token_bytes(QWEN, Parallelism(tp_size=8, dcp_size=4), "auto").dcp_size == 4
-    with pytest.raises(ConfigError, match=r"--tp-size must be a positive integer, got 0"):
+    with pytest.raises(ConfigError, match=r"tp_size must be a positive integer, got 0"):
         Parallelism(tp_size=0)
 
 
 @pytest.mark.parametrize("bad", ["fp4", "int8", "float64", "e4m3"])
 def test_unknown_kv_dtype(bad: str) -> None:
-    with pytest.raises(ConfigError, match=rf"--kv-cache-dtype '{bad}' is not a known dtype; use one of"):
+    with pytest.raises(ConfigError, match=rf"kv_cache_dtype='{bad}' is not a known dtype; use one of"):
         kv_token_bytes(KIMI, Parallelism(8), bad)
 
 
 def test_unknown_state_dtypes() -> None:
-    with pytest.raises(ConfigError, match=r"--mamba-ssm-dtype 'fp8_e4m3' is not a known dtype"):
+    with pytest.raises(ConfigError, match=r"mamba_ssm_dtype='fp8_e4m3' is not a known dtype"):
         state_slot_bytes(KIMI, Parallelism(8), "fp8_e4m3")
-    with pytest.raises(ConfigError, match=r"--mamba-conv-dtype .*'int8'"):
+    with pytest.raises(ConfigError, match=r"mamba_conv_dtype='int8' is not a known dtype"):
         state_slot_bytes(KIMI, Parallelism(8), "bfloat16", "int8")
 
 
 @pytest.mark.parametrize(("cache_len", "fix"), [(12, "use 8 or 16"), (24, "use 16 or 32"), (3, "use 2 or 4")])
 def test_ring_len_not_power_of_two(cache_len: int, fix: str) -> None:
     with pytest.raises(
-        ConfigError, match=rf"--linear-replayssm-cache-len {cache_len} is not a power of two; {fix}"
+        ConfigError, match=rf"linear_replayssm_cache_len={cache_len} is not a power of two; {fix}"
     ):
         replay_ring_bytes(KIMI, Parallelism(8), cache_len=cache_len)
 
 
 def test_ring_len_below_twice_the_verify_tokens() -> None:
-    with pytest.raises(ConfigError, match=r"must be >= 2 x the 8 verify tokens .*use 16"):
+    with pytest.raises(
+        ConfigError, match=r"linear_replayssm_cache_len=8 must be >= 2 x the 8 verify tokens .*use 16"
+    ):
         replay_ring_bytes(KIMI, Parallelism(8), cache_len=8, verify_tokens=8)
     with pytest.raises(ConfigError, match=r"must be >= 2 x the 9 verify tokens .*use 32"):
         replay_ring_bytes(KIMI, Parallelism(8), cache_len=16, verify_tokens=9)
@@ -94,13 +98,14 @@ def test_rings_need_gdn_or_kda() -> None:
         }
     )
     with pytest.raises(
-        ConfigError, match=r"--enable-linear-replayssm-spec needs GDN or KDA .* drop the flag"
+        ConfigError,
+        match=r"enable_linear_replayssm_spec=True needs GDN or KDA .* leave enable_linear_replayssm_spec off",
     ):
         replay_ring_bytes(mamba, Parallelism(1))
 
 
 def test_bad_models(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--model 'llama' is neither a preset"):
+    with pytest.raises(ConfigError, match=r"model='llama' is neither a preset"):
         load_model("llama")
     with pytest.raises(ConfigError, match=r"layer pattern part 'LLXF\*3' .* is not valid"):
         expand_layer_pattern("LLXF*3")
@@ -131,13 +136,13 @@ def test_bad_models(tmp_path: Path) -> None:
 
 
 def test_sizing_needs_a_budget_or_a_slot_count() -> None:
-    with pytest.raises(ConfigError, match=r"give a memory budget .* or --max-mamba-cache-size"):
+    with pytest.raises(ConfigError, match=r"give a memory budget .*rest_gib.* or max_mamba_cache_size"):
         SizingInputs(model=KIMI, parallelism=Parallelism(8), cache=CacheConfig())
-    with pytest.raises(ConfigError, match=r"--memory-budget-gb must be > 0"):
+    with pytest.raises(ConfigError, match=r"rest_gib must be > 0"):
         MemoryBudget(0)
     with pytest.raises(ConfigError, match=r"no memory left for the caches"):
         MemoryBudget.from_gpu(80, 0.9, 100)
-    with pytest.raises(ConfigError, match=r"--mamba-full-memory-ratio must be > 0"):
+    with pytest.raises(ConfigError, match=r"mamba_full_memory_ratio must be > 0"):
         SizingInputs(
             model=KIMI,
             parallelism=Parallelism(8),
@@ -151,10 +156,12 @@ def test_budget_too_small_for_a_request() -> None:
     inputs = SizingInputs(
         model=KIMI, parallelism=Parallelism(8), cache=CacheConfig(), budget=MemoryBudget(0.05)
     )
-    with pytest.raises(ConfigError, match=r"max_mamba_cache_size=0"):
+    with pytest.raises(
+        ConfigError, match=r"0 state slots .*raise budget.rest_gib or mamba_full_memory_ratio"
+    ):
         resolve_pools(inputs)
     few = SizingInputs(model=KIMI, parallelism=Parallelism(8), cache=CacheConfig(), max_mamba_cache_size=4)
-    with pytest.raises(ConfigError, match=r"too small to serve any request: max_mamba_cache_size=4, 5 slots"):
+    with pytest.raises(ConfigError, match=r"too small to serve any request: 4 state slots, 5 slots"):
         resolve_pools(few)
 
 
@@ -165,9 +172,9 @@ def test_cache_config_errors_pass_through() -> None:
 
 
 def test_bad_workloads(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--random-range-ratio must be in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"range_ratio must be in \[0, 1\]"):
         Workload.random_range(100, 10, 1.5)
-    with pytest.raises(ConfigError, match=r"--input-len >= 1"):
+    with pytest.raises(ConfigError, match=r"input_len >= 1"):
         Workload.fixed(0, 10)
     trace = tmp_path / "t.jsonl"
     trace.write_text(
@@ -198,7 +205,7 @@ def test_bad_workloads(tmp_path: Path) -> None:
     ids=["str-input", "str-output", "float", "bool", "none", "inf", "input-2^31", "output-2^31"],
 )
 def test_workload_lengths_must_be_ints_a_request_can_have(args: tuple[object, object]) -> None:
-    with pytest.raises(ConfigError, match=r"--input-len|--output-len"):
+    with pytest.raises(ConfigError, match=r"input_len|output_len"):
         Workload.fixed(*args)  # type: ignore[arg-type]
 
 
@@ -256,7 +263,7 @@ def test_a_request_of_2_31_minus_1_tokens_plans_in_constant_time() -> None:
     ids=["inf", "nan", "str", "none", "bool", "2^21"],
 )
 def test_memory_budget_must_be_a_finite_positive_number(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"--memory-budget-gb"):
+    with pytest.raises(ConfigError, match=r"rest_gib"):
         MemoryBudget(value)  # type: ignore[arg-type]
 
 
@@ -318,7 +325,7 @@ def test_model_files_that_are_not_models_are_config_errors(tmp_path: Path) -> No
     for name, content in (("utf8", b"\xff\xfe"), ("deep", b"[" * 100_000 + b"]" * 100_000), ("list", b"[1]")):
         path = tmp_path / f"{name}.json"
         path.write_bytes(content)
-        with pytest.raises(ConfigError, match=r"--model"):
+        with pytest.raises(ConfigError, match=r"model="):
             load_model(str(path))
     with pytest.raises(ConfigError, match=r"must hold one JSON object"):
         model_from_dict([1])  # type: ignore[arg-type]

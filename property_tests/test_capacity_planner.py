@@ -3,6 +3,7 @@ laws, the balanced ratio round trip, workloads from traces, and the ``plan`` CLI
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -26,9 +27,10 @@ from mamba_radix.capacity import (
     resolve_pools,
     state_slot_bytes,
 )
-from mamba_radix.capacity.cli import main
+from mamba_radix.capacity.cli import add_plan_arguments, build_inputs, main
 from mamba_radix.capacity.planner import RequestShape, Workload, prefill_checkpoint_positions
 from mamba_radix.config import CacheConfig
+from mamba_radix.errors import ConfigError
 
 KIMI = PRESETS["kimi-k3"]
 QWEN = PRESETS["qwen3-next-80b-a3b"]
@@ -349,6 +351,39 @@ def test_cli_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> N
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--kv-cache-dtype" in err and "fp4" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "library", "cli"),
+    [
+        (
+            ["--model", "kimi-k3", "--tp-size", "5", "--max-mamba-cache-size", "80"],
+            "tp_size=5 does not divide the 96 key heads of the kda layers of kimi-k3; use a tp_size that divides 96",
+            "--tp-size 5 does not divide the 96 key heads of the kda layers of kimi-k3; use a --tp-size that "
+            "divides 96",
+        ),
+        (
+            ["--model", "kimi-k3", "--tp-size", "8", "--memory-budget-gb", "0.05"],
+            "raise budget.rest_gib or mamba_full_memory_ratio, or use mamba_ssm_dtype='bfloat16'",
+            "raise --memory-budget-gb or --mamba-full-memory-ratio, or use --mamba-ssm-dtype bfloat16",
+        ),
+    ],
+    ids=["tp-divides-heads", "budget-too-small"],
+)
+def test_planner_errors_name_python_arguments_and_the_cli_their_flags(
+    argv: list[str], library: str, cli: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The library's message names the Python arguments (``tp_size=5``); the one-line CLI error is the
+    same message in the flags that set them (``--tp-size 5``), through ``flag_message``."""
+    parser = argparse.ArgumentParser()
+    add_plan_arguments(parser)
+    with pytest.raises(ConfigError) as e:
+        plan(build_inputs(parser.parse_args(argv)))
+    assert library in str(e.value) and "--" not in str(e.value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("mamba-radix plan: error: ") and cli in err
+    assert library not in err
 
 
 def test_module_runs_standalone() -> None:

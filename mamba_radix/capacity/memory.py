@@ -91,16 +91,16 @@ def torch_dtype_name(dtype: str) -> str:
     return _TORCH_NAMES.get(dtype, dtype)
 
 
-def _dtype_size(dtype: str, table: dict[str, int], flag: str) -> int:
+def _dtype_size(dtype: str, table: dict[str, int], name: str) -> int:
     if not isinstance(dtype, str) or dtype not in table:
-        raise ConfigError(f"{flag} {dtype!r} is not a known dtype; use one of {', '.join(table)}")
+        raise ConfigError(f"{name}={dtype!r} is not a known dtype; use one of {', '.join(table)}")
     return table[dtype]
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model: ModelSpec) -> str:
     """``auto`` means the model's dtype, as in SGLang; anything else must be a known KV dtype."""
     dtype = model.model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
-    _dtype_size(dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
+    _dtype_size(dtype, KV_CACHE_DTYPES, "kv_cache_dtype")
     return dtype
 
 
@@ -125,14 +125,14 @@ class Parallelism:
     dcp_size: int = 1
 
     def __post_init__(self) -> None:
-        for flag, value in (("--tp-size", self.tp_size), ("--dcp-size", self.dcp_size)):
+        for name, value in (("tp_size", self.tp_size), ("dcp_size", self.dcp_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
             if value > MAX_PARALLEL:
-                raise ConfigError(f"{flag} must be <= {MAX_PARALLEL}, got {value!r}")
+                raise ConfigError(f"{name} must be <= {MAX_PARALLEL}, got {value!r}")
         if self.tp_size % self.dcp_size != 0:
             raise ConfigError(
-                f"--dcp-size {self.dcp_size} must divide --tp-size {self.tp_size}; "
+                f"dcp_size={self.dcp_size} must divide tp_size={self.tp_size}; "
                 f"use one of {_divisors(self.tp_size)}"
             )
 
@@ -140,8 +140,8 @@ class Parallelism:
         """``count / tp_size``, or a ConfigError naming the heads TP does not divide."""
         if count % self.tp_size != 0:
             raise ConfigError(
-                f"--tp-size {self.tp_size} does not divide the {count} {what} of {model.name}; "
-                f"use a TP size that divides {count} ({_divisors(count)})"
+                f"tp_size={self.tp_size} does not divide the {count} {what} of {model.name}; "
+                f"use a tp_size that divides {count} ({_divisors(count)})"
             )
         return count // self.tp_size
 
@@ -154,8 +154,8 @@ class Parallelism:
             return self.split(kv_heads, "KV heads of the full-attention layers", model), 1
         if self.tp_size % kv_heads != 0:
             raise ConfigError(
-                f"--tp-size {self.tp_size} is neither a divisor nor a multiple of the {kv_heads} KV heads of "
-                f"{model.name}; use a TP size that divides or is a multiple of {kv_heads}"
+                f"tp_size={self.tp_size} is neither a divisor nor a multiple of the {kv_heads} KV heads of "
+                f"{model.name}; use a tp_size that divides or is a multiple of {kv_heads}"
             )
         return 1, self.tp_size // kv_heads
 
@@ -164,9 +164,9 @@ class Parallelism:
         _, replication = self.kv_heads_per_gpu(model)
         if replication % self.dcp_size != 0:
             raise ConfigError(
-                f"--dcp-size {self.dcp_size} must divide the KV replication factor {replication} of "
-                f"{model.name} at --tp-size {self.tp_size} (each KV head is held by {replication} GPU(s)); "
-                f"use --dcp-size in {_divisors(replication)}"
+                f"dcp_size={self.dcp_size} must divide the KV replication factor {replication} of "
+                f"{model.name} at tp_size={self.tp_size} (each KV head is held by {replication} GPU(s)); "
+                f"use a dcp_size in {_divisors(replication)}"
             )
         return replication
 
@@ -294,8 +294,8 @@ def state_slot_bytes(
     """
     _check_model_par(model, par)
     ssm = ssm_dtype if ssm_dtype is not None else model.default_ssm_dtype
-    _dtype_size(ssm, SSM_DTYPES, "--mamba-ssm-dtype")
-    _dtype_size(conv_dtype, CONV_DTYPES, "--mamba-conv-dtype (SGLANG_MAMBA_CONV_DTYPE)")
+    _dtype_size(ssm, SSM_DTYPES, "mamba_ssm_dtype")
+    _dtype_size(conv_dtype, CONV_DTYPES, "mamba_conv_dtype")
     mixer = model.linear
     if isinstance(mixer, LinearAttention):
         what = f"{mixer.kind} layers"
@@ -325,20 +325,20 @@ RING_NAMES: tuple[str, ...] = ("d", "k", "g", "rawv", "rawk", "beta")
 
 
 def check_ring_len(cache_len: int, verify_tokens: int | None) -> None:
-    """``--linear-replayssm-cache-len`` must be a power of two and at least twice the verify window
+    """``cache_len`` (``linear_replayssm_cache_len``) must be a power of two and at least twice the verify window
     (seed 001: DSpark gamma 7 -> 1 anchor + 7 drafts = 8 verify tokens -> L >= 16)."""
     if not isinstance(cache_len, int) or isinstance(cache_len, bool) or cache_len < 1:
-        raise ConfigError(f"--linear-replayssm-cache-len must be a positive integer, got {cache_len!r}")
+        raise ConfigError(f"linear_replayssm_cache_len must be a positive integer, got {cache_len!r}")
     if cache_len & (cache_len - 1):
         lower = 1 << (cache_len.bit_length() - 1)
         raise ConfigError(
-            f"--linear-replayssm-cache-len {cache_len} is not a power of two; use {lower} or {lower * 2}"
+            f"linear_replayssm_cache_len={cache_len} is not a power of two; use {lower} or {lower * 2}"
         )
     if verify_tokens is not None and cache_len < 2 * verify_tokens:
         need = 1 << max(0, (2 * verify_tokens - 1).bit_length())
         raise ConfigError(
-            f"--linear-replayssm-cache-len {cache_len} must be >= 2 x the {verify_tokens} verify tokens "
-            f"(--speculative-num-draft-tokens); use {need}"
+            f"linear_replayssm_cache_len={cache_len} must be >= 2 x the {verify_tokens} verify tokens "
+            f"(speculative_num_draft_tokens={verify_tokens}); use {need}"
         )
 
 
@@ -381,12 +381,12 @@ def replay_ring_bytes(
     """Ring buffers allocated by ``--enable-linear-replayssm-spec`` (validated ring length)."""
     _check_model_par(model, par)
     check_ring_len(cache_len, verify_tokens)
-    _dtype_size(conv_dtype, CONV_DTYPES, "--mamba-conv-dtype (SGLANG_MAMBA_CONV_DTYPE)")
+    _dtype_size(conv_dtype, CONV_DTYPES, "mamba_conv_dtype")
     mixer = model.linear
     if not isinstance(mixer, LinearAttention):
         raise ConfigError(
-            f"--enable-linear-replayssm-spec needs GDN or KDA linear layers; {model.name} has {mixer.kind}; "
-            "drop the flag"
+            f"enable_linear_replayssm_spec=True needs GDN or KDA linear layers; {model.name} has {mixer.kind}; "
+            "leave enable_linear_replayssm_spec off"
         )
     heads = par.split(mixer.num_v_heads, f"value heads of the {mixer.kind} layers", model)
     length = cache_len

@@ -328,7 +328,9 @@ def model_from_dict(data: dict[str, Any]) -> ModelSpec:
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset by name (``kimi-k3``, ``qwen3-next-80b-a3b``) or a model described in a JSON file."""
     if not isinstance(name_or_path, str):
-        raise ConfigError(f"--model must be a preset name or a .json path, got {type(name_or_path).__name__}")
+        raise ConfigError(
+            f"model must be a preset name or a .json path (str), got {type(name_or_path).__name__}"
+        )
     key = name_or_path.lower()
     if key in PRESETS:
         return PRESETS[key]
@@ -337,22 +339,22 @@ def load_model(name_or_path: str) -> ModelSpec:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--model {name_or_path}: not valid JSON ({exc})") from None
+            raise ConfigError(f"model={name_or_path!r}: not valid JSON ({exc})") from None
         except UnicodeDecodeError as exc:
             raise ConfigError(
-                f"--model {name_or_path}: not UTF-8 text (byte {exc.start}); not a model file"
+                f"model={name_or_path!r}: not UTF-8 text (byte {exc.start}); not a model file"
             ) from None
         except RecursionError:
-            raise ConfigError(f"--model {name_or_path}: JSON nested too deeply; not a model file") from None
+            raise ConfigError(f"model={name_or_path!r}: JSON nested too deeply; not a model file") from None
         except ValueError as exc:  # an integer literal past the digit limit
-            raise ConfigError(f"--model {name_or_path}: not valid JSON ({exc})") from None
+            raise ConfigError(f"model={name_or_path!r}: not valid JSON ({exc})") from None
         except OSError as exc:
-            raise ConfigError(f"--model {name_or_path}: cannot read ({exc.strerror or exc})") from None
+            raise ConfigError(f"model={name_or_path!r}: cannot read ({exc.strerror or exc})") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"--model {name_or_path}: the file must hold one JSON object")
+            raise ConfigError(f"model={name_or_path!r}: the file must hold one JSON object")
         data.setdefault("name", path.stem)
         return model_from_dict(data)
     raise ConfigError(
-        f"--model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON model file; "
+        f"model={name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON model file; "
         "pick a preset or describe the model in a .json file"
     )

@@ -59,12 +59,12 @@ MAX_REQUEST_TOKENS = 2**31 - 1
 MAX_CONCURRENCY = 2**31 - 1
 
 
-def _check_int(flag: str, value: object, minimum: int, maximum: int) -> int:
-    """``value`` as an int in ``[minimum, maximum]``, or :class:`ConfigError` naming ``flag``. O(1)."""
+def _check_int(name: str, value: object, minimum: int, maximum: int) -> int:
+    """``value`` as an int in ``[minimum, maximum]``, or :class:`ConfigError` naming argument ``name``. O(1)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{flag} must be an integer, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if not minimum <= value <= maximum:
-        raise ConfigError(f"{flag} must be in {minimum}..{maximum:,}, got {value:,}")
+        raise ConfigError(f"{name} must be in {minimum}..{maximum:,}, got {value:,}")
     return value
 
 
@@ -75,7 +75,7 @@ def _check_config(config: object) -> CacheConfig:
 
 
 def _check_concurrency(concurrency: object) -> int:
-    return _check_int("--concurrency", concurrency, 1, MAX_CONCURRENCY)
+    return _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
 
 
 @dataclass(frozen=True)
@@ -86,18 +86,18 @@ class RequestShape:
     output_len: int
 
     def __post_init__(self) -> None:
-        for flag, value in (("--input-len", self.input_len), ("--output-len", self.output_len)):
+        for name, value in (("input_len", self.input_len), ("output_len", self.output_len)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(
-                    f"{flag} must be an integer number of tokens, got {type(value).__name__} {value!r}"
+                    f"{name} must be an integer number of tokens, got {type(value).__name__} {value!r}"
                 )
         if self.input_len < 1 or self.output_len < 0:
             raise ConfigError(
-                f"a request needs --input-len >= 1 and --output-len >= 0, got {self.input_len} / {self.output_len}"
+                f"a request needs input_len >= 1 and output_len >= 0, got {self.input_len} / {self.output_len}"
             )
         if self.input_len + self.output_len > MAX_REQUEST_TOKENS:
             raise ConfigError(
-                f"--input-len + --output-len is {self.input_len + self.output_len:,} tokens, above the "
+                f"input_len + output_len is {self.input_len + self.output_len:,} tokens, above the "
                 f"{MAX_REQUEST_TOKENS:,} a request can have (SGLang indexes KV with int32)"
             )
 
@@ -143,7 +143,7 @@ class Workload:
             range_ratio = 1.0
         ok = isinstance(range_ratio, (int, float)) and not isinstance(range_ratio, bool)
         if not ok or not 0 <= range_ratio <= 1:
-            raise ConfigError(f"--random-range-ratio must be in [0, 1], got {range_ratio!r}")
+            raise ConfigError(f"range_ratio must be in [0, 1] (None means 1), got {range_ratio!r}")
         RequestShape(input_len, output_len)  # the largest shape: types and bounds
         if range_ratio == 1:
             return cls.fixed(input_len, output_len)
@@ -163,7 +163,7 @@ class Workload:
         lengths are read), or the token format ``{"input_ids", "output_ids"}`` (their lengths).
         """
         if not isinstance(path, (str, Path)):
-            raise ConfigError(f"--trace must be a file path, got {type(path).__name__}")
+            raise ConfigError(f"trace path must be a str or Path, got {type(path).__name__}")
         path = Path(path)
         shapes: list[RequestShape] = []
         try:
@@ -179,9 +179,11 @@ class Workload:
                     )
                 shapes.append(RequestShape(*lengths))
         except TraceFileError as exc:
-            raise ConfigError(f"--trace {path}: cannot read ({exc.reason})") from None
+            raise ConfigError(f"trace file {str(path)!r}: cannot read ({exc.reason})") from None
         if not shapes:
-            raise ConfigError(f"--trace {path}: the file holds no request")
+            raise ConfigError(
+                f"trace file {str(path)!r} holds no request; give a trace with at least one row"
+            )
         return cls(tuple(shapes), str(path))
 
     @property
@@ -487,7 +489,7 @@ def balance(resolution: PoolResolution, workload: Workload, concurrency: int | N
         else:
             concurrency = resolution.max_running_requests
     if concurrency < 1:
-        raise ConfigError(f"--concurrency must be >= 1, got {concurrency}")
+        raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
     return Balance(
         concurrency=concurrency,
         kv_tokens_per_request=tokens,

@@ -56,16 +56,16 @@ MAX_MEMORY_RATIO = 1e6
 MAX_COUNT = 2**62  # slots, tokens, requests, context length
 
 
-def _real(flag: str, value: object, *, low: float, high: float, low_inclusive: bool = False) -> float:
-    """``value`` as a finite float in the range, or :class:`ConfigError` naming ``flag``. O(1)."""
+def _real(name: str, value: object, *, low: float, high: float, low_inclusive: bool = False) -> float:
+    """``value`` as a finite float in the range, or :class:`ConfigError` naming argument ``name``. O(1)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok:
-        raise ConfigError(f"{flag} must be a number, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     v = float(value)  # type: ignore[arg-type]
     above_low = v >= low if low_inclusive else v > low
     if not (above_low and v <= high):  # also refuses NaN
         sign = ">=" if low_inclusive else ">"
-        raise ConfigError(f"{flag} must be {sign} {low:g} and <= {high:g}, got {value!r}")
+        raise ConfigError(f"{name} must be {sign} {low:g} and <= {high:g}, got {value!r}")
     return v
 
 
@@ -82,8 +82,8 @@ class MemoryBudget:
     def __post_init__(self) -> None:
         ok = isinstance(self.rest_gib, (int, float)) and not isinstance(self.rest_gib, bool)
         if not ok or not self.rest_gib > 0:
-            raise ConfigError(f"--memory-budget-gb must be > 0 GiB, got {self.rest_gib!r}")
-        _real("--memory-budget-gb", self.rest_gib, low=0, high=MAX_BUDGET_GIB)
+            raise ConfigError(f"rest_gib must be > 0 GiB, got {self.rest_gib!r}")
+        _real("rest_gib", self.rest_gib, low=0, high=MAX_BUDGET_GIB)
 
     @property
     def rest_bytes(self) -> int:
@@ -91,26 +91,26 @@ class MemoryBudget:
 
     @classmethod
     def from_gpu(cls, gpu_memory_gib: float, mem_fraction_static: float, weights_gib: float) -> MemoryBudget:
-        for flag, value in (
-            ("--gpu-memory-gb", gpu_memory_gib),
-            ("--mem-fraction-static", mem_fraction_static),
-            ("--weights-gb", weights_gib),
+        for name, value in (
+            ("gpu_memory_gib", gpu_memory_gib),
+            ("mem_fraction_static", mem_fraction_static),
+            ("weights_gib", weights_gib),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{flag} must be a finite number, got {value!r}")
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if gpu_memory_gib > MAX_BUDGET_GIB:
-            raise ConfigError(f"--gpu-memory-gb must be <= {MAX_BUDGET_GIB}, got {gpu_memory_gib!r}")
+            raise ConfigError(f"gpu_memory_gib must be <= {MAX_BUDGET_GIB}, got {gpu_memory_gib!r}")
         if not 0 < mem_fraction_static <= 1:
-            raise ConfigError(f"--mem-fraction-static must be in (0, 1], got {mem_fraction_static!r}")
+            raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
         if gpu_memory_gib <= 0 or weights_gib < 0:
             raise ConfigError(
-                f"--gpu-memory-gb must be > 0 and --weights-gb >= 0, got {gpu_memory_gib!r} and {weights_gib!r}"
+                f"gpu_memory_gib must be > 0 and weights_gib >= 0, got {gpu_memory_gib!r} and {weights_gib!r}"
             )
         rest = gpu_memory_gib * mem_fraction_static - weights_gib
         if rest <= 0:
             raise ConfigError(
                 f"no memory left for the caches: {gpu_memory_gib} GB x {mem_fraction_static} - {weights_gib} GB "
-                "of weights <= 0; raise --mem-fraction-static or shard the weights over more GPUs (--tp-size)"
+                "of weights <= 0; raise mem_fraction_static or shard the weights over more GPUs (a larger tp_size)"
             )
         return cls(rest_gib=rest)
 
@@ -144,46 +144,46 @@ class SizingInputs:
                 raise ConfigError(f"{what} must be a {kind.__name__}, got {type(value).__name__}")
         if self.budget is not None and not isinstance(self.budget, MemoryBudget):
             raise ConfigError(f"budget must be a MemoryBudget or None, got {type(self.budget).__name__}")
-        for flag, value in (
-            ("--kv-cache-dtype", self.kv_cache_dtype),
-            ("--mamba-conv-dtype", self.mamba_conv_dtype),
+        for name, value in (
+            ("kv_cache_dtype", self.kv_cache_dtype),
+            ("mamba_conv_dtype", self.mamba_conv_dtype),
         ):
             if not isinstance(value, str):
-                raise ConfigError(f"{flag} must be a dtype name, got {value!r}")
+                raise ConfigError(f"{name} must be a dtype name, got {value!r}")
         if self.mamba_ssm_dtype is not None and not isinstance(self.mamba_ssm_dtype, str):
             raise ConfigError(
-                f"--mamba-ssm-dtype must be a dtype name or unset, got {self.mamba_ssm_dtype!r}"
+                f"mamba_ssm_dtype must be a dtype name or None (the model's), got {self.mamba_ssm_dtype!r}"
             )
         if not isinstance(self.enable_linear_replayssm_spec, bool):
             raise ConfigError(
-                f"--enable-linear-replayssm-spec must be True or False, got {self.enable_linear_replayssm_spec!r}"
+                f"enable_linear_replayssm_spec must be True or False, got {self.enable_linear_replayssm_spec!r}"
             )
         ratio = self.mamba_full_memory_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
             raise ConfigError(
-                f"--mamba-full-memory-ratio must be > 0 (state : full KV bytes), got {self.mamba_full_memory_ratio!r}"
+                f"mamba_full_memory_ratio must be > 0 (state : full KV bytes), got {self.mamba_full_memory_ratio!r}"
             )
-        _real("--mamba-full-memory-ratio", ratio, low=0, high=MAX_MEMORY_RATIO)
-        for flag, value in (
-            ("--max-mamba-cache-size", self.max_mamba_cache_size),
-            ("--max-total-tokens", self.max_total_tokens),
-            ("--max-running-requests", self.max_running_requests),
-            ("--context-length", self.context_len),
+        _real("mamba_full_memory_ratio", ratio, low=0, high=MAX_MEMORY_RATIO)
+        for name, value in (
+            ("max_mamba_cache_size", self.max_mamba_cache_size),
+            ("max_total_tokens", self.max_total_tokens),
+            ("max_running_requests", self.max_running_requests),
+            ("context_len", self.context_len),
         ):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
             if value is not None and value > MAX_COUNT:
-                raise ConfigError(f"{flag} must be <= 2**62, got {value!r}")
+                raise ConfigError(f"{name} must be <= 2**62, got {value!r}")
         if isinstance(self.linear_replayssm_cache_len, bool) or not isinstance(
             self.linear_replayssm_cache_len, int
         ):
             raise ConfigError(
-                f"--linear-replayssm-cache-len must be a positive integer, got {self.linear_replayssm_cache_len!r}"
+                f"linear_replayssm_cache_len must be a positive integer, got {self.linear_replayssm_cache_len!r}"
             )
         if self.budget is None and self.max_mamba_cache_size is None:
             raise ConfigError(
-                "nothing to size from: give a memory budget (--memory-budget-gb, or --gpu-memory-gb with "
-                "--weights-gb) or --max-mamba-cache-size"
+                "nothing to size from: give a memory budget (budget, a MemoryBudget of rest_gib, or of "
+                "gpu_memory_gib with weights_gib) or max_mamba_cache_size"
             )
 
     @property
@@ -311,9 +311,9 @@ def resolve_pools(inputs: SizingInputs) -> PoolResolution:
             num_slots = int(state_budget // per_slot)
     if num_slots <= 0:
         raise ConfigError(
-            f"not enough memory for the state cache: max_mamba_cache_size={num_slots} "
-            f"({per_slot / (1 << 20):.2f} MB per slot); raise --memory-budget-gb or --mamba-full-memory-ratio, "
-            "or use --mamba-ssm-dtype bfloat16"
+            f"not enough memory for the state cache: {num_slots} state slots "
+            f"({per_slot / (1 << 20):.2f} MB per slot); raise budget.rest_gib or mamba_full_memory_ratio, "
+            "or use mamba_ssm_dtype='bfloat16'"
         )
     intermediate = 0
     if inputs.reserves_intermediate_states:
@@ -329,7 +329,7 @@ def resolve_pools(inputs: SizingInputs) -> PoolResolution:
         if left <= 0:
             raise ConfigError(
                 f"the state cache ({num_slots} slots) leaves no memory for full KV; lower "
-                "--max-mamba-cache-size or --mamba-full-memory-ratio, or raise --memory-budget-gb"
+                "max_mamba_cache_size or mamba_full_memory_ratio, or raise budget.rest_gib"
             )
         rows = left // kv.row_bytes
         rows = rows // cache.page_size * cache.page_size
@@ -358,8 +358,8 @@ def resolve_pools(inputs: SizingInputs) -> PoolResolution:
     max_running = limits[binding]
     if max_running <= 0:
         raise ConfigError(
-            f"the state cache is too small to serve any request: max_mamba_cache_size={num_slots}, "
-            f"{ratio} slots per request; raise --max-mamba-cache-size or --mamba-full-memory-ratio"
+            f"the state cache is too small to serve any request: {num_slots} state slots, "
+            f"{ratio} slots per request; raise max_mamba_cache_size or mamba_full_memory_ratio"
         )
     return PoolResolution(
         inputs=inputs,
