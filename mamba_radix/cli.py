@@ -361,7 +361,7 @@ def _make_spec(
         cost=params["cost"],
         peer=params["peer"].get("peer"),
         synthetic=synthetic,
-        deployment=params["deployment"],
+        deployment={k: v for k, v in params["deployment"].items() if k != "model"},  # model= above
         **budget,
     )
     spec.validate()

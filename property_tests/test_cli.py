@@ -607,3 +607,10 @@ def test_block_convention_flag_reaches_the_loader(tmp_path: Path, capsys: pytest
     capsys.readouterr()
     assert main([*base, "--block-convention", "ceil", "--quiet"]) == 2
     _one_line_error(capsys, "floor.jsonl:1", "hash_ids", "ceil")
+
+
+def test_simulate_takes_a_model_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--model`` is a run's model, not a deployment field (it once reached RunSpec's deployment and
+    was refused as an unknown field)."""
+    argv = ["simulate", "--synthetic", "chat", "--model", "qwen3-next-80b-a3b", "--quiet", "--limit", "20"]
+    assert main(argv) == 0, capsys.readouterr().err
