@@ -475,26 +475,13 @@ def load_versions(versions: Sequence[str]) -> tuple[list[Any], dict[str, str]]:
 # ---------------------------------------------------------------------------------- 1. the trace replay
 def stage_trace(traces: list[TraceRequest], sgs: list[Any], progress: Progress) -> dict[str, Any]:
     """Both caches on the trace, interleaved request by request; per-op samples, walls, hit parity."""
-    from mamba_radix.sim.budget import PoolSizes
+    from mamba_radix.sim.budget import exact_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
-    from mamba_radix.sim.sweep import infinite_pools
 
     config = bench_config()
     max_len = max(t.input_len + t.output_len for t in traces)
     sides = [SGLangSide(sg, replay_config_for(config, KV_TOKENS, STATE_SLOTS), max_len) for sg in sgs]
-    inf = infinite_pools(
-        config, sum(t.input_len for t in traces), sum(t.output_len for t in traces), len(traces), "kimi-k3"
-    )
-    pools = PoolSizes(
-        kv_tokens=KV_TOKENS,
-        state_slots=STATE_SLOTS,
-        max_running_requests=config.max_running_requests(STATE_SLOTS),
-        budget_gib=float("nan"),
-        mamba_full_memory_ratio=float("nan"),
-        bytes_per_kv_token=inf.bytes_per_kv_token,
-        bytes_per_state_slot=inf.bytes_per_state_slot,
-        model="kimi-k3",
-    )
+    pools = exact_pools(config, KV_TOKENS, STATE_SLOTS, "kimi-k3")
     engine = Engine(
         config,
         pools,

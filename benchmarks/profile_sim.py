@@ -46,24 +46,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def build_engine(traces: list[TraceRequest]) -> Any:
     """The simulator of the benchmark's trace stage (same config, pools and options)."""
-    from mamba_radix.sim.budget import PoolSizes
+    from mamba_radix.sim.budget import exact_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
-    from mamba_radix.sim.sweep import infinite_pools
 
     config = apply_peer(CacheConfig(mamba_radix_cache_strategy="extra_buffer"), "sglang-0.5.20")
-    inf = infinite_pools(
-        config, sum(t.input_len for t in traces), sum(t.output_len for t in traces), len(traces), "kimi-k3"
-    )
-    pools = PoolSizes(
-        kv_tokens=KV_TOKENS,
-        state_slots=STATE_SLOTS,
-        max_running_requests=config.max_running_requests(STATE_SLOTS),
-        budget_gib=float("nan"),
-        mamba_full_memory_ratio=float("nan"),
-        bytes_per_kv_token=inf.bytes_per_kv_token,
-        bytes_per_state_slot=inf.bytes_per_state_slot,
-        model="kimi-k3",
-    )
+    pools = exact_pools(config, KV_TOKENS, STATE_SLOTS, "kimi-k3")
     max_len = max(t.input_len + t.output_len for t in traces)
     return Engine(
         config,
