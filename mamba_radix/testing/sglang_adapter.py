@@ -73,6 +73,7 @@ from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.known import KnownFailure, KnownIssue
 from mamba_radix.testing.params import slots_per_request, suite_params
 from mamba_radix.testing.sglang import SGLangModules, load_sglang
+from mamba_radix.testing.sglang.replay import ExtendRange, KvRecord
 from mamba_radix.testing.stamps import EMPTY_STAMP, StampStore
 
 __all__ = ["KNOWN_ISSUES", "SGLANG_VERSION", "SGLangAdapter", "sglang_params"]
@@ -121,40 +122,6 @@ def sglang_params(draw: st.DrawFn) -> SuiteParams:
 
 
 @dataclass
-class _KvRecord:
-    """The per-request KV record (``req.kv``) SGLang's cache reads and writes."""
-
-    req_pool_idx: int | None = None
-    cache_protected_len: int = 0
-    kv_committed_len: int = 0
-    kv_allocated_len: int = 0
-    swa_evict_floor: int = 0
-    swa_evicted_seqlen: int = 0
-    mamba_pool_idx: torch.Tensor | None = None
-    mamba_ping_pong_track_buffer: torch.Tensor | None = None
-    mamba_next_track_idx: int | None = None
-    mamba_last_track_idx: int | None = None
-    mamba_last_track_seqlen: int | None = None
-    mamba_prev_track_seqlen: int | None = None
-    mamba_cow_src_index: torch.Tensor | None = None
-    mamba_needs_clear: bool = False
-    lock_receipt: Any = None
-
-    @property
-    def holds_kv(self) -> bool:
-        return self.req_pool_idx is not None
-
-    @property
-    def holds_mamba(self) -> bool:
-        return self.mamba_pool_idx is not None
-
-
-class _Range:
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
-
-
-@dataclass
 class _Req:
     """The fields of SGLang's ``schedule_batch.Req`` its cache touches."""
 
@@ -163,11 +130,11 @@ class _Req:
     extra_key: Any
     max_new_tokens: int | None
     output_ids: array = field(default_factory=lambda: array("q"))
-    kv: _KvRecord = field(default_factory=_KvRecord)
+    kv: KvRecord = field(default_factory=KvRecord)
     last_node: Any = None
     prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     mamba_branching_seqlen: int | None = None
-    extend_range: _Range | None = None
+    extend_range: ExtendRange | None = None
     lock_receipt: Any = None
     cache_salt: Any = None
     session: Any = None
@@ -469,7 +436,7 @@ class SGLangAdapter:
             return None  # the request waits for KV
         protected = req.kv.cache_protected_len
         with self._sglang():
-            req.extend_range = _Range(start, end)
+            req.extend_range = ExtendRange(start, end)
             avail = self.slots.available_size()
             if avail < HEADROOM_SLOTS:
                 self.cache.evict_for_alloc(self.sg.EvictParams(mamba_num=HEADROOM_SLOTS - avail))

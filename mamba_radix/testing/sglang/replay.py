@@ -57,6 +57,8 @@ from mamba_radix.testing.sglang.loader import SGLangModules
 
 __all__ = [
     "INFINITE",
+    "ExtendRange",
+    "KvRecord",
     "ReplayConfig",
     "ReplayError",
     "ReplayRequest",
@@ -175,8 +177,9 @@ class ReplayResult:
 
 # ------------------------------------------------------------------------------------- the request
 @dataclass
-class _KvRecord:
-    """The fields of SGLang's per-request KV record (``req.kv``) that its Mamba cache reads and writes."""
+class KvRecord:
+    """The fields of SGLang's per-request KV record (``req.kv``) that its Mamba cache reads and writes
+    (both releases; shared with :mod:`mamba_radix.testing.sglang_adapter`)."""
 
     req_pool_idx: int | None = None
     cache_protected_len: int = 0
@@ -210,7 +213,9 @@ class _KvRecord:
         return self.mamba_pool_idx is not None
 
 
-class _Range:
+class ExtendRange:
+    """SGLang's ``req.extend_range``: the span ``[start, end)`` a forward extends."""
+
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end = start, end
 
@@ -230,11 +235,11 @@ class _Req:
         self.full_untruncated_fill_ids = self.origin_input_ids
         self.extra_key = request.extra_key
         self.cache_salt = None
-        self.kv = _KvRecord()
+        self.kv = KvRecord()
         self.last_node: Any = None
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.mamba_branching_seqlen: int | None = None
-        self.extend_range: _Range | None = None
+        self.extend_range: ExtendRange | None = None
         self.lock_receipt: Any = None
         self.session = None
         self.is_chunked = 0
@@ -461,7 +466,7 @@ class _Driver:
         prefix = self.prefix_len(req)
         n = self.chunk_len(req, first)
         end = prefix + n
-        req.extend_range = _Range(prefix, end)
+        req.extend_range = ExtendRange(prefix, end)
         req.extend_end = end
         prefix_kv = self.prefix_kv(req, prefix)
         self.slot_headroom(req)
@@ -518,7 +523,7 @@ class _Driver:
             req.kv.mamba_next_track_idx = self.req_pool.get_mamba_ping_pong_other_idx(track_idx)
             if self.cfg.insert_at_decode_boundary and len(req.output_ids) < len(req.all_output):
                 req.refresh_fill_ids()
-                req.extend_range = _Range(kv, kv + 1)
+                req.extend_range = ExtendRange(kv, kv + 1)
                 self.cache.cache_unfinished_req(req)
 
     # ------------------------------------------------------------------------------------- finish
