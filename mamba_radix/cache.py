@@ -317,16 +317,19 @@ class MambaRadixCache(RequestLifecycle):
         """Copy ``node``'s checkpoint into ``req``'s live slot (allocated if missing). False: no slot."""
         dst = req.mamba_pool_idx
         if dst is None:
-            # Lock the source so that the eviction that makes room cannot take it.
-            self.tree.inc_lock_ref(node)
-            try:
-                dst = self.alloc_state_slot()
-            finally:
-                self.tree.dec_lock_ref(node)
-            if dst is None:
+            slots = self.mamba_pool.alloc(1)  # alloc_state_slot's steps, with the lock only if it evicts
+            if slots is None:
+                # Lock the source so that the eviction that makes room cannot take it.
+                self.tree.inc_lock_ref(node)
+                try:
+                    self.evict(num_states=1)
+                    slots = self.mamba_pool.alloc(1)
+                finally:
+                    self.tree.dec_lock_ref(node)
+            if slots is None:
                 self.stats.cow_skipped += 1
                 return False
-            req.mamba_pool_idx = dst
+            dst = req.mamba_pool_idx = slots.tolist()[0]
         assert node.mamba_slot is not None
         self.mamba_pool.copy_from([node.mamba_slot], [dst], check=False)  # our checkpoint, its own slot
         req.mamba_cow_src_slot = node.mamba_slot
@@ -369,10 +372,10 @@ class MambaRadixCache(RequestLifecycle):
 
     def _settle_insert(self, done: TreeInsert) -> tuple[InsertResult, TreeInsert]:
         """Free what an insert returned (duplicate KV, capped checkpoints) and count it."""
-        if done.duplicate_kv.numel():
-            self.token_to_kv_pool_allocator.free(done.duplicate_kv)
+        if done.duplicate_kv.numel():  # the caller's KV, validated as allocated and distinct already
+            self.token_to_kv_pool_allocator.free(done.duplicate_kv, check=False)
         if done.capped_slots:
-            self.mamba_pool.free(done.capped_slots)
+            self.mamba_pool.free(done.capped_slots, check=False)  # checkpoints the tree just dropped
             self.stats.checkpoints_capped += len(done.capped_slots)
         if done.mamba_exists:
             self.stats.checkpoints_existing += 1
@@ -441,10 +444,13 @@ class MambaRadixCache(RequestLifecycle):
         return EvictResult(freed.num_tokens, freed.num_states)
 
     def _release(self, freed: Freed) -> None:
+        """Return what the tree released. Trusted frees (no check): every index and slot comes from a node
+        the tree just detached, each held by that node alone (the invariants' conservation rule)."""
         if freed.kv:
-            self.token_to_kv_pool_allocator.free(torch.cat(freed.kv))
+            kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
+            self.token_to_kv_pool_allocator.free(kv, check=False)
         if freed.slots:
-            self.mamba_pool.free(freed.slots)
+            self.mamba_pool.free(freed.slots, check=False)
         self.stats.tokens_evicted += freed.num_tokens
         self.stats.states_evicted += freed.num_states
 
@@ -491,7 +497,7 @@ class MambaRadixCache(RequestLifecycle):
         if slots is None:
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1)
-        return None if slots is None else int(slots[0])
+        return None if slots is None else slots.tolist()[0]
 
     # ---------------------------------------------------------------------------------------- debugging
     def pretty_print(self) -> str:

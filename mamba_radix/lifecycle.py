@@ -428,9 +428,12 @@ class RequestLifecycle:
         return None
 
     def _check_request_kv(self: MambaRadixCache, req: Req, kv: torch.Tensor, verb: str) -> None:
-        """The request's own KV ``kv`` (its row past ``cache_protected_len``) must be allocated. O(len)."""
-        if kv.numel() and not bool(self.token_to_kv_pool_allocator.is_allocated(kv).all()):
-            bad = int(kv[~self.token_to_kv_pool_allocator.is_allocated(kv)][0])
+        """The request's own KV ``kv`` (a span of its row past ``cache_protected_len``, int32 as stored)
+        must be allocated. O(len), one fused pass over the row's memory (no copy, no mask tensor)."""
+        allocator = self.token_to_kv_pool_allocator
+        if not allocator.all_allocated(kv):
+            kv = kv.to(torch.int64)
+            bad = int(kv[~allocator.is_allocated(kv)][0])
             raise InvalidIndex(
                 f"{verb}: request {req.rid!r} has KV index {bad} in its row that is not allocated; write "
                 "only indices from the allocator into req_to_token"
@@ -453,14 +456,15 @@ class RequestLifecycle:
         cache_len = self._admitted(req, self._checkpoint_len(req, "cache_unfinished_req"))
         protected = req.cache_protected_len
         if cache_len is not None and cache_len > protected:
-            new_kv = row[protected:cache_len].to(torch.int64)
-            self._check_request_kv(req, new_kv, "cache_unfinished_req")
-            self._insert_checkpoint(req, new_kv, cache_len)
+            span = row[protected:cache_len]  # a view of the row, int32
+            self._check_request_kv(req, span, "cache_unfinished_req")
+            self._insert_checkpoint(req, span, cache_len)
         req.mamba_last_track_seqlen = None
 
-    def _insert_checkpoint(self: MambaRadixCache, req: Req, new_kv: torch.Tensor, cache_len: int) -> None:
-        """Hand the state at ``cache_len`` and the KV ``new_kv`` of ``[cache_protected_len, cache_len)`` to
-        the tree, walking from ``req.last_node``: O(new tokens + path nodes * log n)."""
+    def _insert_checkpoint(self: MambaRadixCache, req: Req, span: torch.Tensor, cache_len: int) -> None:
+        """Hand the state at ``cache_len`` and the KV ``span`` (the row's ``[cache_protected_len,
+        cache_len)``, validated) to the tree, walking from ``req.last_node``. Only where the tree held
+        tokens already (their duplicates freed) is the row rewritten: O(new tokens + path nodes * log n)."""
         new_slot = self.alloc_state_slot()
         if new_slot is None:
             self.stats.checkpoints_skipped += 1
@@ -474,12 +478,15 @@ class RequestLifecycle:
         old = req.last_node
         assert old is not None
         suffix = RadixKey.trusted(req.token_slice(protected, cache_len), req.extra_key)
-        result, done = self._insert_below(old, suffix, new_kv, tree_slot)
+        result, done = self._insert_below(old, suffix, span.to(torch.int64), tree_slot)
         if result.mamba_exists:
-            self.mamba_pool.free([tree_slot])
-        # The request's duplicates were freed by the insert: point its row at the tree's indices.
-        tree_kv = self.tree.path_values(done.node, above=old)
-        self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv, check=False)  # type: ignore[arg-type]
+            self.mamba_pool.free([tree_slot], check=False)  # the fresh slot just donated back
+        if result.prefix_len > protected:
+            # The tree held [protected, prefix_len) already and the insert freed the request's duplicates
+            # there: point that part of the row at the tree's indices (the rest is the request's own KV,
+            # now the new leaf's, already in the row).
+            tree_kv = self.tree.path_values(done.node, above=old)[: result.prefix_len - protected]
+            self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv, check=False)  # type: ignore[arg-type]
         self.tree.inc_lock_ref(done.node)
         self.tree.dec_lock_ref(old)
         req.last_node = done.node
@@ -505,7 +512,7 @@ class RequestLifecycle:
             self.stats.lazy_inserts_skipped += 1
         elif is_insert:
             cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
-        own_kv = row[protected : req.kv_len].to(torch.int64)  # the request's KV, [protected, kv_len)
+        own_kv = row[protected : req.kv_len]  # the request's KV, [protected, kv_len): a view, int32
         self._check_request_kv(req, own_kv, "cache_finished_req")
         node = req.last_node
         assert node is not None
@@ -513,10 +520,11 @@ class RequestLifecycle:
         if cache_len > protected:
             tree_slot = self.buffer.finished_tree_slot(req, self.req_to_token_pool)
             suffix = RadixKey.trusted(req.token_slice(protected, cache_len), req.extra_key)
-            result, _ = self._insert_below(node, suffix, own_kv[: cache_len - protected], tree_slot)
+            kv = own_kv[: cache_len - protected].to(torch.int64)
+            result, _ = self._insert_below(node, suffix, kv, tree_slot)
             keep = None if result.mamba_exists else tree_slot
         if req.kv_len > cache_len:
-            self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :])
+            self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64))
         self.req_to_token_pool.free_mamba_cache(req, keep=keep)
         self.tree.dec_lock_ref(node)
         req.last_node = None

@@ -39,6 +39,7 @@ import torch
 from mamba_radix.errors import InvalidArgument, InvariantError
 from mamba_radix.pools._indices import (
     allocate_tensor,
+    as_index_tensor,
     check_allocated,
     check_fits,
     check_in_range,
@@ -178,6 +179,17 @@ class FreeList:
         if ids.numel() and not self._all_allocated(ids):
             check_in_range(ids, 1, self.num_ids, self.what)
             check_allocated(self.allocated, ids, self.what)
+
+    def all_allocated(self, ids: torch.Tensor) -> bool:
+        """Whether every id of the 1-D integer tensor ``ids`` (int32 or int64, on the device) is in range
+        and allocated. O(k), one fused check (one host sync on a GPU); no error raised."""
+        return not ids.numel() or self._all_allocated(ids)
+
+    def free_ints(self, ids: list[int], check: bool = True) -> None:
+        """:meth:`free` for a list of Python ints (a request's state slots, a checkpoint's slot): the same
+        checks and result. O(k)."""
+        if ids:
+            self.free(as_index_tensor(ids, self.device, self.what), check)
 
     def check_unique(self, ids: torch.Tensor, why: str = "each may be written once per call") -> None:
         """Raise :class:`~mamba_radix.errors.InvalidIndex` if an id occurs twice in ``ids`` (which must be
@@ -380,6 +392,19 @@ class HostFreeList(FreeList):
             self._raise_bad_free(ids)
         self._alloc_np[a] = False
         self._park(a.copy(), k)  # copy: own the storage, never alias the caller's tensor
+
+    def free_ints(self, ids: list[int], check: bool = True) -> None:
+        """As :meth:`FreeList.free_ints`, in plain Python (no tensor built): ~0.3 us per id."""
+        k = len(ids)
+        if k == 0:
+            return
+        if k > self.SMALL:
+            super().free_ints(ids, check)
+            return
+        if check and not (self._py_all_allocated(ids) and (k == 1 or len(set(ids)) == k)):
+            # the general path names the bad id precisely (an int beyond int64 included)
+            self._raise_bad_free(as_index_tensor(ids, self.device, self.what))
+        self._py_release(list(ids))
 
     def free_containing(self, ids: torch.Tensor, divisor: int, check: bool = True) -> None:
         """As :meth:`FreeList.free_containing`. Each distinct id is kept at its last occurrence, in

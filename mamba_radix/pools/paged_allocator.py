@@ -280,6 +280,18 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
         inside = (idx >= 0) & (idx <= self.max_index)
         return inside & self._free_list.is_allocated(idx.clamp(0, self.max_index) // self.page_size)
 
+    def all_allocated(self, indices: torch.Tensor) -> bool:
+        """Whether every KV index of the 1-D int32/int64 tensor ``indices`` (on the pool's device) lies
+        in an allocated page. O(k) (one host sync on a GPU)."""
+        if not indices.numel():
+            return True
+        if indices.device.type == "cpu":
+            a = indices.numpy()
+            if int(a.min()) < 0 or int(a.max()) > self.max_index:
+                return False
+            return self._free_list.all_allocated(torch.from_numpy(a // self.page_size))
+        return bool(self.is_allocated(indices).all())
+
     def allocated_indices(self) -> torch.Tensor:
         """Every KV index of every allocated page, ascending. O(size): for conservation checks."""
         return self._expand(self._free_list.allocated_ids())

@@ -83,6 +83,12 @@ class TokenToKVPoolAllocator(FreeListBatching):
         """Bool mask over ``indices``: allocated or not (0 and out-of-range read as not). O(k)."""
         return self._free_list.is_allocated(as_index_tensor(indices, self.device, "KV index"))
 
+    def all_allocated(self, indices: torch.Tensor) -> bool:
+        """Whether every KV index of the 1-D int32/int64 tensor ``indices`` (on the pool's device; a
+        request row's span, read as is) is allocated. O(k), one fused check without building a mask
+        tensor (numpy on CPU; one host sync on a GPU)."""
+        return self._free_list.all_allocated(indices)
+
     def allocated_indices(self) -> torch.Tensor:
         """Every allocated KV index, ascending. O(size): for conservation checks."""
         return self._free_list.allocated_ids()

@@ -162,7 +162,9 @@ class _CountingMambaPool(MambaPool):
 
     def copy_from(self, src_slots: Any, dst_slots: Any, check: bool = True) -> None:
         super().copy_from(src_slots, dst_slots, check)
-        self.copied_slots += int(torch.as_tensor(dst_slots).numel())
+        self.copied_slots += (
+            len(dst_slots) if type(dst_slots) is list else int(torch.as_tensor(dst_slots).numel())
+        )
         self.copy_calls += 1
 
     def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
