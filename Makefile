@@ -2,15 +2,25 @@
 # Each one sets itself up first (scripts/bootstrap.sh is idempotent).
 PY := .venv/bin/python
 
-.PHONY: setup experiment test lint bench clean
+.PHONY: setup experiment reference test lint bench clean
 
 setup:
 	@bash scripts/bootstrap.sh
 
-# Writes a new folder under experiments/results/ (git-ignored); the committed reference results are in
-# experiments/reference/default/, and the report compares its numbers with them.
+# The main job, the policy comparison (the bundled definition `default`): every registered policy, the
+# offline oracle, the infinite-capacity line and the ideal, token hit rate against memory where state slots
+# bind and where KV binds, on 2,000 Mooncake conversation requests and four synthetic workloads; about
+# 7-10 minutes on 2 processes, one progress bar in requests. Writes a new folder
+# experiments/results/default-<UTC time>/ (git-ignored); the report compares its numbers with the committed
+# reference (experiments/reference/default/). The former default, SGLang's knobs one at a time in timed
+# mode, is `mamba-radix experiment --definition sglang-knobs` (reference: experiments/reference/sglang-knobs/).
 experiment: setup
-	$(PY) -m mamba_radix.cli experiment --results-dir experiments/results
+	$(PY) -m mamba_radix.cli experiment --results-dir experiments/results --jobs 2
+
+# Re-run the main job into experiments/reference/default/ (replacing it) and refresh the bundled
+# mamba_radix/data/experiments/default.reference.jsonl; commit both.
+reference: setup
+	$(PY) experiments/policies.py --update-reference
 
 test: setup
 	$(PY) -m pytest -q

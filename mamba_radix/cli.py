@@ -6,9 +6,13 @@
 - ``sweep``: the same flags, but every sweepable flag takes a comma-separated list; the cartesian product
   runs in ``--jobs`` local processes or as Ray tasks (``--backend ray``); or ``--definition`` runs an
   experiment definition. Results as JSON lines, optionally a markdown report with plots (``--report``).
-- ``experiment``: an experiment definition (the bundled ``default``: the Mooncake conversation trace under a
-  Kimi-K3 per-rank budget) into a new results folder: ``results.jsonl``, ``report.md`` (compared with the
-  definition's reference results) and PNG plots.
+- ``experiment``: an experiment definition into a new results folder: ``results.jsonl``, ``report.md``
+  (compared with the definition's reference results) and PNG plots. The bundled ``default`` is the main
+  job, the policy comparison (:mod:`mamba_radix.experiment`): every registered policy, the offline oracle,
+  the infinite-capacity line and the ideal, hit rate against memory where state slots bind and where KV
+  binds, on the Mooncake conversation trace and four synthetic workloads. Other bundled definitions
+  (``sglang-knobs``: SGLang's knobs one at a time in timed mode; ``peers``) are sweeps of run
+  parameters (:func:`mamba_radix.sim.sweep.expand_definition`).
 - ``plan``: the capacity planner (:mod:`mamba_radix.capacity.cli`).
 
 Flags come from one table (:mod:`mamba_radix.flags`), with SGLang's server-argument names where one
@@ -62,6 +66,15 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 _LIMIT = int_in(1, 1 << 31)
 _JOBS = int_in(1, 1024)
 
+
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names (``chat,tree``); empty items are an error."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 EXAMPLES = {
     "simulate": """examples:
   mamba-radix simulate --limit 2000                       # bundled Mooncake trace, Kimi K3 rank
@@ -77,9 +90,10 @@ EXAMPLES = {
   mamba-radix sweep --limit 500 --mamba-max-states-per-path=-1,1,4 --out caps.jsonl
       (a list that starts with a negative number needs the = form)""",
     "experiment": """examples:
-  mamba-radix experiment                                   # the bundled default, a new folder
-  mamba-radix experiment --limit 200 --out quick           # a quick look
-  mamba-radix experiment --definition peers --results-dir experiments/results
+  mamba-radix experiment                       # the main job: policies vs the oracle, a new folder
+  mamba-radix experiment --limit 200 --out quick --workloads chat,tree --policies sglang-0.5.23,sift,oracle
+  mamba-radix experiment --definition sglang-knobs --results-dir experiments/results   # the old default
+  mamba-radix experiment --definition peers
   mamba-radix experiment --out quick --report-only         # redraw report.md and plots""",
     "plan": """examples:
   mamba-radix plan --model kimi-k3 --memory-budget-gb 27.25
@@ -215,9 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
         "experiment",
         help="an experiment definition into a new results folder (report with tables and plots)",
         description=(
-            "Run an experiment definition (default: the bundled `default`, the Mooncake conversation trace under a "
-            "Kimi-K3 per-rank budget, one factor at a time) into a new folder: results.jsonl, run_info.json, "
-            "report.md (compared with the definition's reference results) and PNG plots."
+            "Run an experiment definition into a new folder: results.jsonl, run_info.json, report.md (compared "
+            "with the definition's reference results) and PNG plots. The default, the bundled `default`, is the "
+            "main job: every registered policy, the offline oracle, the infinite-capacity line and the ideal, "
+            "token hit rate against memory (log scale) where state slots bind and where KV binds, at equal bytes "
+            "(Kimi K3), on the first 2,000 requests of the Mooncake conversation trace and four synthetic "
+            "workloads; about 7-10 minutes on 2 processes. `--definition sglang-knobs` runs the former default "
+            "(SGLang's knobs one at a time, timed mode, 10,000 requests)."
         ),
         epilog=EXAMPLES["experiment"],
         formatter_class=_Help,
@@ -241,7 +259,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--force", action="store_true", help="write into a non-empty --out folder (overwrites)")
     ex.add_argument(
-        "--limit", type=_LIMIT, default=None, metavar="N", help="override the definition's request count"
+        "--limit",
+        type=_LIMIT,
+        default=None,
+        metavar="N",
+        help="override the definition's request count (policy comparisons: at most N requests per workload)",
+    )
+    ex.add_argument(
+        "--workloads",
+        type=_names,
+        default=None,
+        metavar="A,B",
+        help="policy comparisons only: run only these workloads of the definition (default all)",
+    )
+    ex.add_argument(
+        "--policies",
+        type=_names,
+        default=None,
+        metavar="A,B",
+        help="policy comparisons only: run only these policies of the definition (default all; keep oracle)",
     )
     ex.add_argument("--quiet", action="store_true", help="no progress output")
     ex.add_argument(
@@ -513,7 +549,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _definition_file(name: str) -> Path:
-    """A definition given as a file path, or as the name of a bundled one (``default``, ``peers``)."""
+    """A definition given as a file path, or as the name of a bundled one (``default``, ``sglang-knobs``,
+    ``peers``)."""
     if os.path.exists(name) or os.sep in name:
         return Path(name)
     from mamba_radix.data import bundled_definitions, definition_path
@@ -550,7 +587,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise CliError(
                 "--definition describes every run; drop the other run flags (or put them in its 'base')"
             )
-        definition, specs = _expand(_definition_file(args.definition), args.limit)
+        path = _definition_file(args.definition)
+        from mamba_radix.experiment import is_policy_definition
+
+        if is_policy_definition(path):
+            raise CliError(
+                f"{args.definition} is a policy comparison, not a sweep of run parameters; run it with "
+                f"`{PROG} experiment --definition {args.definition}`"
+            )
+        definition, specs = _expand(path, args.limit)
     else:
         import itertools
 
@@ -618,11 +663,59 @@ def _load_reference(definition: dict[str, Any], base: Path) -> tuple[list[dict[s
     return load_records(path), str(ref)
 
 
+def _experiment_out_dir(args: argparse.Namespace, name: str) -> Path:
+    """The results folder: ``--out`` (new or empty unless ``--force``) or a new ``NAME-<UTC time>`` in
+    ``--results-dir``. Checked, not created."""
+    if args.out:
+        out_dir = Path(args.out)
+        _check_new_dir(out_dir, args.force, "results folder")
+        return out_dir
+    root = Path(args.results_dir)
+    if root.exists() and not root.is_dir():
+        raise CliError(f"--results-dir {root} is not a folder")
+    return _new_results_dir(root, name)
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed (for run_info and the report): ``mamba-radix`` and the arguments."""
+    import shlex
+
+    return " ".join([PROG, *(shlex.quote(a) for a in getattr(args, "argv", []))])
+
+
+def cmd_policy_experiment(args: argparse.Namespace, path: Path) -> int:
+    """``experiment`` on a policy-comparison definition (:mod:`mamba_radix.experiment`)."""
+    from mamba_radix.experiment import load_policy_definition, replot, run_policy_experiment
+
+    experiment = load_policy_definition(path).with_limit(args.limit).only(args.workloads, args.policies)
+    if "oracle" not in experiment.policies:
+        raise CliError("--policies must keep oracle: the report gives every policy as a fraction of it")
+    if args.backend != "local":
+        raise CliError("a policy comparison runs in local processes (--jobs); drop --backend ray")
+    if args.report_only:
+        if not args.out:
+            raise CliError("--report-only redraws an existing results folder: give it as --out")
+        print(f"report: {replot(args.out, experiment)}")
+        return 0
+    out_dir = _experiment_out_dir(args, path.stem)
+    info = run_policy_experiment(
+        experiment, out_dir, processes=args.jobs, quiet=args.quiet, command=_command_line(args)
+    )
+    print(f"{info['runs']} runs in {info['wall_s']:.1f} s; report: {out_dir / 'report.md'}")
+    return 0
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
     from mamba_radix.sim.report import write_report
 
     _need_experiments_extra("experiment")
     path = _definition_file(args.definition)
+    from mamba_radix.experiment import is_policy_definition
+
+    if is_policy_definition(path):
+        return cmd_policy_experiment(args, path)
+    if args.workloads or args.policies:
+        raise CliError("--workloads and --policies apply to policy comparisons (such as default) only")
     definition, specs = _expand(path, args.limit)
     reference, reference_name = _load_reference(definition, path.parent)
     if args.report_only:
@@ -645,14 +738,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         )  # fmt: skip
         print(f"report: {report}")
         return 0
-    if args.out:
-        out_dir = Path(args.out)
-        _check_new_dir(out_dir, args.force, "results folder")
-    else:
-        root = Path(args.results_dir)
-        if root.exists() and not root.is_dir():
-            raise CliError(f"--results-dir {root} is not a folder")
-        out_dir = _new_results_dir(root, path.stem)
+    out_dir = _experiment_out_dir(args, path.stem)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if not args.quiet:
@@ -724,10 +810,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Only the library's errors (:class:`MambaRadixError`) and usage errors become one-line messages; any
     other exception propagates with its traceback (it is a bug)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help / --version (0) or a usage error (2, already printed)
         return int(exc.code or 0)
+    args.argv = argv
     if not args.command:
         parser.print_help(sys.stderr)
         return 2

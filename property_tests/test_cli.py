@@ -71,6 +71,17 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> None:
         ),
         (["sweep", "--out", "/tmp/x.jsonl", "--definition", "/nonexistent.json"], ("not found",)),
         (["experiment", "--definition", "/nonexistent.json"], ("not found",)),
+        (
+            ["experiment", "--workloads", "forest", "--limit", "3"],
+            ("unknown workload 'forest'", "conversation"),
+        ),
+        (
+            ["experiment", "--policies", "sift,sglang-0.5.23", "--limit", "3"],
+            ("--policies must keep oracle",),
+        ),
+        (["experiment", "--backend", "ray", "--limit", "3"], ("local processes",)),
+        (["experiment", "--definition", "peers", "--policies", "sift"], ("policy comparisons",)),
+        (["sweep", "--definition", "default", "--out", "/tmp/x.jsonl"], ("policy comparison", "experiment")),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -138,7 +149,7 @@ def test_sweep_lists_make_a_cartesian_product_and_a_report(
 
 
 def test_experiment_writes_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    definition = json.loads((REPO / "experiments" / "default.json").read_text())
+    definition = json.loads((REPO / "experiments" / "sglang-knobs.json").read_text())
     # a bare file name that is not beside the definition names a bundled trace
     assert definition["trace"] == "mooncake_conversation_trace.jsonl"
     definition["groups"] = [
@@ -614,3 +625,50 @@ def test_simulate_takes_a_model_flag(capsys: pytest.CaptureFixture[str]) -> None
     was refused as an unknown field)."""
     argv = ["simulate", "--synthetic", "chat", "--model", "qwen3-next-80b-a3b", "--quiet", "--limit", "20"]
     assert main(argv) == 0, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ the main job (policies)
+def test_the_default_experiment_is_the_policy_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --definition: the bundled `default`, the policy comparison, into a new folder NAME-<UTC> in
+    --results-dir; --workloads/--policies pick a subset; --report-only redraws it; the command is recorded."""
+    root = tmp_path / "results"
+    argv = ["experiment", "--limit", "8", "--workloads", "chat,tree", "--policies", "sglang-0.5.23,oracle",
+            "--jobs", "1", "--quiet", "--results-dir", str(root)]  # fmt: skip
+    assert main(argv) == 0
+    (folder,) = root.iterdir()
+    assert folder.name.startswith("default-")
+    rows = [json.loads(x) for x in (folder / "results.jsonl").read_text().splitlines()]
+    assert {r["workload"] for r in rows} == {"chat", "tree"} and {r["policy"] for r in rows} == {
+        "sglang-0.5.23",
+        "oracle",
+    }
+    assert {r["regime"] for r in rows} == {"slots bind", "KV binds"} and all(r["requests"] == 8 for r in rows)
+    info = json.loads((folder / "run_info.json").read_text())
+    assert info["command"] == "mamba-radix " + " ".join(argv) and info["kind"] == "policies"
+    report = (folder / "report.md").read_text()
+    assert (
+        "## Each policy as a fraction of the oracle" in report and "## Compared with the reference" in report
+    )
+    assert (folder / "chat.png").stat().st_size > 1000 and (folder / "overview.png").is_file()
+    assert "not comparable" in report.lower()  # 8 requests here, the reference has more
+    (folder / "report.md").unlink()
+    assert main(["experiment", "--out", str(folder), "--report-only"]) == 0
+    assert "## Hit rates at every point" in (folder / "report.md").read_text()
+    capsys.readouterr()
+    assert main([*argv[:-2], "--out", str(folder)]) == 2  # never overwritten without --force
+    _one_line_error(capsys, "not empty")
+
+
+def test_the_former_default_is_a_named_definition(tmp_path: Path) -> None:
+    """`--definition sglang-knobs` is the old one-factor sweep, with its reference results."""
+    from mamba_radix.data import bundled_definitions
+
+    assert {"default", "sglang-knobs", "peers"} <= set(bundled_definitions())
+    out = tmp_path / "k"
+    assert main(["experiment", "--definition", "sglang-knobs", "--limit", "3", "--jobs", "1", "--quiet",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert len((out / "results.jsonl").read_text().splitlines()) == 14
+    report = (out / "report.md").read_text()
+    assert "sglang-knobs.reference.jsonl" in report and (out / "hit_vs_memory.png").is_file()

@@ -8,6 +8,7 @@ into a temporary folder and run from an empty temporary folder with that folder 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,8 +63,11 @@ def test_the_wheel_holds_every_subpackage_and_the_trace_licence(wheel: Path) -> 
     traces = "mamba_radix/data/traces/"
     for f in ("mooncake_conversation_trace.jsonl", "LICENSE-APACHE-2.0", "SOURCE.md", "MOONCAKE_README.md"):
         assert traces + f in names
-    assert {"mamba_radix/data/experiments/default.json", "mamba_radix/data/experiments/peers.json"} <= names
-    assert "mamba_radix/data/experiments/default.reference.jsonl" in names
+    bundled = "mamba_radix/data/experiments/"
+    for name in ("default", "sglang-knobs", "peers"):
+        assert {f"{bundled}{name}.json", f"{bundled}{name}.reference.jsonl"} <= names, name
+    # the main job's logic is in the package, not only in the repository's experiments/ folder
+    assert {"mamba_radix/experiment.py", "mamba_radix/experiment_report.py"} <= names
 
 
 def test_installed_commands_work_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
@@ -81,14 +85,21 @@ def test_installed_commands_work_from_an_empty_folder(installed: Path, tmp_path:
     done = _run(installed, empty, "-m", "mamba_radix.cli", "simulate", "--limit", "30", "--quiet")
     assert done.returncode == 0, done.stderr
     assert "requests            30" in done.stdout
-    # the bundled default experiment, into a new folder under ./mamba-radix-results
+    # the bundled default experiment (the policy comparison), into a new folder under ./mamba-radix-results
     done = _run(installed, empty, "-m", "mamba_radix.cli", "experiment", "--limit", "12", "--quiet")
     assert done.returncode == 0, done.stderr
     (folder,) = (empty / "mamba-radix-results").iterdir()
     assert folder.name.startswith("default-")
     report = (folder / "report.md").read_text()
-    assert "## Compared with the reference" in report and (folder / "hit_vs_memory.png").is_file()
-    assert len((folder / "results.jsonl").read_text().splitlines()) == 14
+    assert (
+        "## Each policy as a fraction of the oracle" in report and "## Compared with the reference" in report
+    )
+    assert (folder / "conversation.png").is_file() and (folder / "overview.png").is_file()
+    rows = [json.loads(x) for x in (folder / "results.jsonl").read_text().splitlines()]
+    from mamba_radix.policies.registry import POLICIES
+
+    assert {r["policy"] for r in rows} == set(POLICIES) and all(r["requests"] <= 12 for r in rows)
+    assert {r["workload"] for r in rows} == {"conversation", "chat", "system-prompt", "agent", "tree"}
     # the console script is installed too
     script = installed / "bin" / "mamba-radix"
     assert script.is_file()

@@ -123,7 +123,7 @@ def test_the_bundled_reference_matches_the_committed_reference_run() -> None:
     from mamba_radix.data import data_path
 
     repo = Path(__file__).resolve().parents[1]
-    for name in ("default", "peers"):
+    for name in ("sglang-knobs", "peers"):
         full = report.load_records(repo / "experiments" / "reference" / name / "results.jsonl")
         bundled = report.load_records(data_path("experiments", f"{name}.reference.jsonl"))
         for r in full:

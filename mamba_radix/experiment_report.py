@@ -1,0 +1,469 @@
+"""The policy experiment's report and plots (:mod:`mamba_radix.experiment` writes the rows).
+
+:func:`write_all` writes ``report.md`` (every policy as a fraction of the oracle per workload and regime,
+the gap each closes against SGLang 0.5.23, the hit rates at every point, any point where an online
+policy beats the oracle, the comparison with the reference run) and, with the ``[experiments]`` extra,
+the plots: ``<workload>.png`` (two panels: slots bind, KV binds) and ``overview.png`` (every workload).
+
+Plots do not mislead: the x axis is the GiB of the pool the panel varies, on a log scale (the label says
+so), ticks at the measured points; the other pool is fixed and its size is in the panel's title; both
+panels of a figure share the y axis, from 0 to 1 (or from 0 to 0.5 when every line, the ideal
+included, stays below 0.45, and then the label says so); every panel of ``overview.png`` is 0 to 1.
+
+Side effects: writes files into the folder. Cost: O(rows x policies) for the report; matplotlib only
+inside the plotting functions (the core never imports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BASELINE", "fractions", "gap_closed", "oracle_exceeded", "reference_comparison", "write_all"]
+
+REGIMES = ("slots bind", "KV binds")
+BASELINE = "sglang-0.5.23"
+GIB = 1 << 30
+# a policy "beats the oracle" only past float noise
+EXCEED_TOLERANCE = 1e-9
+# gap-closed cells skip points where the oracle is this close to the baseline (nothing to close)
+MIN_GAP = 1e-3
+
+STYLE: dict[str, dict[str, Any]] = {
+    "sglang-0.5.20": {"color": "tab:blue", "marker": "v", "linestyle": "--"},
+    "sglang-0.5.23": {"color": "tab:blue", "marker": "o"},
+    "sglang-cap3": {"color": "tab:cyan", "marker": "s"},
+    "thinning": {"color": "tab:green", "marker": "^"},
+    "vllm-sparse": {"color": "tab:purple", "marker": "D", "linestyle": ":"},
+    "marconi": {"color": "tab:orange", "marker": "P"},
+    "sift": {"color": "tab:red", "marker": "*", "linewidth": 2.5, "markersize": 10},
+    "oracle": {"color": "black", "marker": "o", "linewidth": 3},
+}
+_EXTRA_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:gray")
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, int]:
+    return (r["workload"], r["regime"], r["point"])
+
+
+def _policies(rows: Sequence[dict[str, Any]], info: dict[str, Any]) -> list[str]:
+    listed = [p for p in info.get("policies", []) if any(r["policy"] == p for r in rows)]
+    return listed + sorted({r["policy"] for r in rows} - set(listed))
+
+
+def _workloads(rows: Sequence[dict[str, Any]], info: dict[str, Any]) -> list[str]:
+    listed = [w for w in info.get("workloads", {}) if any(r["workload"] == w for r in rows)]
+    return listed + sorted({r["workload"] for r in rows} - set(listed))
+
+
+def fractions(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], list[float]]:
+    """Per (workload, regime, policy): its hit rate / the oracle's at each point, in point order (points
+    where the oracle hits nothing are skipped)."""
+    oracle = {_key(r): r["token_hit_rate"] for r in rows if r["policy"] == "oracle"}
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for r in sorted(rows, key=lambda r: r["point"]):
+        ref = oracle.get(_key(r))
+        if ref:
+            out.setdefault((r["workload"], r["regime"], r["policy"]), []).append(r["token_hit_rate"] / ref)
+    return out
+
+
+def gap_closed(
+    rows: Sequence[dict[str, Any]], baseline: str = BASELINE
+) -> dict[tuple[str, str, str], tuple[list[float], int]]:
+    """Per (workload, regime, policy): ((hit - baseline) / (oracle - baseline) at each point where the
+    oracle leads the baseline by at least :data:`MIN_GAP`), and the number of points (all of them) where
+    the policy is below the baseline."""
+    at = {(*_key(r), r["policy"]): r["token_hit_rate"] for r in rows}
+    out: dict[tuple[str, str, str], tuple[list[float], int]] = {}
+    for r in sorted(rows, key=lambda r: r["point"]):
+        base, best = at.get((*_key(r), baseline)), at.get((*_key(r), "oracle"))
+        if base is None or best is None:
+            continue
+        closed, below = out.get((r["workload"], r["regime"], r["policy"]), ([], 0))
+        if best - base >= MIN_GAP:
+            closed.append((r["token_hit_rate"] - base) / (best - base))
+        below += r["token_hit_rate"] < base - EXCEED_TOLERANCE
+        out[(r["workload"], r["regime"], r["policy"])] = (closed, below)
+    return out
+
+
+def oracle_exceeded(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of online policies whose hit rate exceeds the oracle's at the same point (by more than
+    :data:`EXCEED_TOLERANCE`), each with ``oracle`` (its hit rate) added."""
+    oracle = {_key(r): r["token_hit_rate"] for r in rows if r["policy"] == "oracle"}
+    return [
+        dict(r, oracle=oracle[_key(r)])
+        for r in rows
+        if r["policy"] != "oracle"
+        and _key(r) in oracle
+        and r["token_hit_rate"] > oracle[_key(r)] + EXCEED_TOLERANCE
+    ]
+
+
+def reference_comparison(
+    rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]] | None, name: str | None
+) -> list[str]:
+    """The report's lines comparing ``rows`` with the reference rows: how many runs have the same hit
+    rate (to the last digit) at the same pools, and every run that differs. A run on another number of
+    requests is said to be not comparable."""
+    if name is None:
+        return ["The definition names no reference results."]
+    if reference is None:
+        return [f"Reference {name}: no comparison."]
+    ref = {(*_key(r), r["policy"]): r for r in reference}
+    sizes = {(r["workload"]): r["requests"] for r in rows}
+    ref_sizes = {(r["workload"]): r["requests"] for r in reference}
+    other = [w for w in sizes if w in ref_sizes and ref_sizes[w] != sizes[w]]
+    lines: list[str] = []
+    if other:
+        lines.append(
+            "Not comparable on "
+            + ", ".join(f"{w} ({sizes[w]:,} requests here, {ref_sizes[w]:,} in the reference)" for w in other)
+            + "."
+        )
+    same, differ, missing = 0, [], 0
+    for r in rows:
+        if r["workload"] in other:
+            continue
+        b = ref.get((*_key(r), r["policy"]))
+        if b is None or (b["kv_tokens"], b["state_slots"]) != (r["kv_tokens"], r["state_slots"]):
+            missing += 1
+        elif b["token_hit_rate"] == r["token_hit_rate"]:
+            same += 1
+        else:
+            differ.append((r, b))
+    compared = same + len(differ)
+    if compared:
+        lines.append(
+            f"{same} of {compared} runs identical to the reference ({name}: the same hit rate, to the last digit)."
+        )
+    if missing:
+        lines.append(f"{missing} runs have no counterpart in the reference (another point, pool or policy).")
+    if differ:
+        lines += [
+            "",
+            "| workload | regime | point | policy | hit rate | reference | difference |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        differ.sort(key=lambda rb: -abs(rb[0]["token_hit_rate"] - rb[1]["token_hit_rate"]))
+        for r, b in differ:
+            d = r["token_hit_rate"] - b["token_hit_rate"]
+            lines.append(
+                f"| {r['workload']} | {r['regime']} | {r['point']} | {r['policy']} | {r['token_hit_rate']:.4f} | "
+                f"{b['token_hit_rate']:.4f} | {d:+.4f} |"
+            )
+    return lines
+
+
+def _fixed_text(sub: Sequence[dict[str, Any]], regime: str, info: dict[str, Any]) -> str:
+    r = sub[0]
+    if regime == "slots bind":
+        return f"KV fixed at {r['kv_tokens']:,} tokens ({r['kv_gib']:.1f} GiB: every token of the workload, never evicts)"
+    requests = r["requests"]
+    return f"state slots fixed at {r['state_slots']:,} ({r['state_gib']:.1f} GiB: {r['state_slots'] // max(1, requests)}+ per request, never short)"
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def write_report(
+    folder: Path,
+    rows: Sequence[dict[str, Any]],
+    info: dict[str, Any],
+    reference: tuple[Sequence[dict[str, Any]] | None, str | None] = (None, None),
+    plots: Sequence[str] = (),
+) -> Path:
+    """Write ``folder/report.md`` (see the module docstring) and return its path."""
+    policies = _policies(rows, info)
+    workloads = _workloads(rows, info)
+    fr, gaps = fractions(rows), gap_closed(rows)
+    per_kv = rows[0]["bytes_per_kv_token"] if rows else 0
+    per_slot = rows[0]["bytes_per_state_slot"] if rows else 0
+    procs = info.get("processes", 1)
+    lines = [
+        f"# {info.get('title', 'Policies against the offline oracle')}",
+        "",
+        f"Command: `{info.get('command', '')}`: {info.get('wall_s', '?')} s wall on {procs} "
+        f"process{'es' if procs != 1 else ''} ({info.get('runs', len(rows))} runs, {info.get('cpu_s', '?')} "
+        f"CPU-s in the policy runs), mamba-radix {info.get('version', '?')}, {info.get('utc', '')}.",
+        "",
+        "Every run replays its workload sequentially (one request at a time, in order) through the real cache "
+        f"and pools, extra_buffer with SGLang 0.5.23's rules except what the policy changes. Equal memory is "
+        f"equal bytes: at each point every policy gets the same pools, sized exactly in {info.get('model', '?')} "
+        f"per-rank bytes ({per_kv:,} B per KV token, {per_slot:,} B per state slot). Two regimes per workload: "
+        "**slots bind** (the KV pool holds every token of the workload, the state slots vary) and **KV binds** "
+        "(slots for every request, the KV pool varies). **infinite**: the same config with pools that never "
+        "evict (the cache's ceiling); **ideal**: the longest previously seen prefix of every request (any "
+        "cache's ceiling).",
+        "",
+        "Workloads: "
+        + "; ".join(
+            f"{w} ({v['source']}, {v['requests']:,} requests)"
+            if isinstance(v, dict)
+            else f"{w} ({v} requests)"
+            for w, v in info.get("workloads", {}).items()
+        )
+        + ".",
+        "",
+        "## Each policy as a fraction of the oracle",
+        "",
+        "Each cell: the policy's token hit rate divided by the oracle's, mean over the regime's memory points "
+        "(lowest point in brackets). The oracle (mamba_radix/policies/oracle.py) is optimal for sequential "
+        "replay when KV does not bind (the slots-bind regime); where KV binds it is a strong reference only "
+        "and an online policy can exceed 1.00.",
+        "",
+        "| workload | regime | points | " + " | ".join(policies) + " |",
+        "|---|---|---|" + "---|" * len(policies),
+    ]
+    for w in workloads:
+        for regime in REGIMES:
+            points = {r["point"] for r in rows if r["workload"] == w and r["regime"] == regime}
+            if not points:
+                continue
+            cells = []
+            for p in policies:
+                xs = fr.get((w, regime, p))
+                cells.append(f"{_mean(xs):.2f} ({min(xs):.2f})" if xs else "-")
+            lines.append(f"| {w} | {regime} | {len(points)} | " + " | ".join(cells) + " |")
+    others = [p for p in policies if p not in (BASELINE, "oracle")]
+    if BASELINE in policies and "oracle" in policies and others:
+        lines += [
+            "",
+            f"## Gap to the oracle closed, against {BASELINE}",
+            "",
+            f"Each cell: (policy - {BASELINE}) / (oracle - {BASELINE}), mean over the points where the oracle leads "
+            f"{BASELINE} by at least {MIN_GAP} (lowest in brackets; `-`: no such point); `below at N`: at N points "
+            f"(of all) the policy's hit rate is below {BASELINE}'s.",
+            "",
+            "| workload | regime | " + " | ".join(others) + " |",
+            "|---|---|" + "---|" * len(others),
+        ]
+        for w in workloads:
+            for regime in REGIMES:
+                if not any(r["workload"] == w and r["regime"] == regime for r in rows):
+                    continue
+                cells = []
+                for p in others:
+                    closed, below = gaps.get((w, regime, p), ([], 0))
+                    cell = f"{_mean(closed):.2f} ({min(closed):.2f})" if closed else "-"
+                    cells.append(cell + (f"; below at {below}" if below else ""))
+                lines.append(f"| {w} | {regime} | " + " | ".join(cells) + " |")
+    lines += ["", "## Hit rates at every point", ""]
+    for w in workloads:
+        for regime in REGIMES:
+            sub = sorted(
+                (r for r in rows if r["workload"] == w and r["regime"] == regime), key=lambda r: r["point"]
+            )
+            if not sub:
+                continue
+            varied = "state slots" if regime == "slots bind" else "KV tokens"
+            lines += [
+                f"### {w}, {regime}: {_fixed_text(sub, regime, info)}",
+                "",
+                f"infinite {sub[0]['infinite_hit_rate']:.4f}, ideal {sub[0]['ideal_hit_rate']:.4f}; "
+                f"{sub[0]['requests']:,} requests.",
+                "",
+                f"| {varied} | {'state' if regime == 'slots bind' else 'KV'} GiB | total GiB | "
+                + " | ".join(policies)
+                + " |",
+                "|---|---|---|" + "---|" * len(policies),
+            ]
+            for i in sorted({r["point"] for r in sub}):
+                at = {r["policy"]: r for r in sub if r["point"] == i}
+                first = next(iter(at.values()))
+                count = first["state_slots"] if regime == "slots bind" else first["kv_tokens"]
+                gib = first["state_gib"] if regime == "slots bind" else first["kv_gib"]
+                cells = [f"{at[p]['token_hit_rate']:.4f}" if p in at else "-" for p in policies]
+                lines.append(
+                    f"| {count:,} | {gib:.2f} | {first['memory_gib']:.1f} | " + " | ".join(cells) + " |"
+                )
+            lines.append("")
+    exceeded = oracle_exceeded(rows)
+    lines += ["## Where an online policy beats the oracle", ""]
+    if not exceeded:
+        lines.append("Nowhere: at every point of every workload the oracle's hit rate is the highest.")
+    else:
+        lines.append(
+            "The oracle is optimal for sequential replay where KV does not bind; these points say either that it "
+            "is not optimal there or that a policy is wrong (slots bind: investigate), or (KV binds) that the "
+            "oracle is only a strong reference where two pools are coupled."
+        )
+        lines += [
+            "",
+            "| workload | regime | point | policy | hit rate | oracle |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['workload']} | {r['regime']} | {r['point']} | {r['policy']} | {r['token_hit_rate']:.4f} | {r['oracle']:.4f} |"
+            for r in exceeded
+        ]
+    alphas = sorted(
+        {
+            (r["workload"], r["regime"], r["point"], r["notes"].get("marconi_alpha"))
+            for r in rows
+            if r.get("notes", {}).get("marconi_alpha") is not None
+        },
+        key=lambda t: (workloads.index(t[0]) if t[0] in workloads else 99, REGIMES.index(t[1]), t[2]),
+    )
+    if alphas:
+        lines += ["", "## Marconi's alpha (grid search on the first 20% of each workload)", ""]
+        by: dict[tuple[str, str], list[str]] = {}
+        for w, g, _i, a in alphas:
+            by.setdefault((w, g), []).append(f"{a:g}")
+        lines += [f"- {w}, {g}: {', '.join(v)} (by point)" for (w, g), v in by.items()]
+    lines += ["", "## Compared with the reference", "", *reference_comparison(rows, *reference)]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    path = folder / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- plots
+def _varied(r: dict[str, Any], regime: str) -> float:
+    return r["state_gib"] if regime == "slots bind" else r["kv_gib"]
+
+
+def _count_label(r: dict[str, Any], regime: str) -> str:
+    if regime == "slots bind":
+        return f"{r['state_slots']:,} slots"
+    tokens = r["kv_tokens"]
+    return f"{tokens / 1e6:.3g}M tok" if tokens >= 1e6 else f"{tokens / 1e3:.3g}k tok"
+
+
+def _style(p: str, i: int) -> dict[str, Any]:
+    return STYLE.get(p, {"color": _EXTRA_COLORS[i % len(_EXTRA_COLORS)], "marker": "x"})
+
+
+def _panel(
+    ax: Any,
+    sub: Sequence[dict[str, Any]],
+    regime: str,
+    policies: Sequence[str],
+    info: dict[str, Any],
+    small: bool,
+) -> None:
+    for i, p in enumerate(policies):
+        pts = sorted((_varied(r, regime), r["token_hit_rate"]) for r in sub if r["policy"] == p)
+        if pts:
+            # the oracle's thick line underneath, so that policies that reach it stay visible on top
+            ax.plot(*zip(*pts, strict=True), label=p, zorder=2 if p == "oracle" else 3 + i, **_style(p, i))
+    ax.axhline(
+        sub[0]["infinite_hit_rate"],
+        linestyle="--",
+        color="gray",
+        label="infinite (same config, pools never evict)",
+    )
+    ax.axhline(
+        sub[0]["ideal_hit_rate"],
+        linestyle=":",
+        color="gray",
+        linewidth=2,
+        label="ideal (longest seen prefix)",
+    )
+    ax.set_xscale("log")
+    xs = sorted({_varied(r, regime): r for r in sub}.items())
+    ax.set_xlim(xs[0][0] / 1.4, xs[-1][0] * 1.4)
+    ax.minorticks_off()
+    ax.set_xticks([x for x, _ in xs])
+    ax.set_xticklabels([f"{x:.3g}\n{_count_label(r, regime)}" for x, r in xs], fontsize=7 if small else 8)
+    what = "state-slot memory" if regime == "slots bind" else "KV memory"
+    ax.set_xlabel(f"{what}, GiB (log scale)", fontsize=8 if small else 9)
+    ax.set_title(f"{regime}: {_fixed_text(sub, regime, info)}", fontsize=7 if small else 8.5)
+    ax.grid(alpha=0.3)
+
+
+def plot_workload(folder: Path, rows: Sequence[dict[str, Any]], info: dict[str, Any], workload: str) -> str:
+    """``<workload>.png``: the two regimes side by side, y shared (0 to 1, or 0 to 0.5 when every line
+    is below 0.45: said on the axis). Returns the file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = _policies(rows, info)
+    sub_w = [r for r in rows if r["workload"] == workload]
+    top = max(
+        [r["token_hit_rate"] for r in sub_w]
+        + [r["ideal_hit_rate"] for r in sub_w]
+        + [r["infinite_hit_rate"] for r in sub_w]
+    )
+    y_top = 0.5 if top < 0.45 else 1.0
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, regime in zip(axes, REGIMES, strict=True):
+        sub = sorted((r for r in sub_w if r["regime"] == regime), key=lambda r: r["point"])
+        if sub:
+            _panel(ax, sub, regime, policies, info, small=False)
+        else:
+            ax.set_title(f"{regime}: no runs", fontsize=9)
+    axes[0].set_ylim(0, y_top)
+    axes[0].set_ylabel("token hit rate" + ("" if y_top == 1.0 else " (axis 0 to 0.5, both panels)"))
+    handles, labels = axes[0].get_legend_handles_labels() if sub_w else ([], [])
+    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(0.835, 0.5))
+    n = sub_w[0]["requests"] if sub_w else 0
+    fig.suptitle(
+        f"{workload} ({n:,} requests, sequential, extra_buffer, {info.get('model', '')} bytes): "
+        "token hit rate against memory, every policy, the oracle, infinite and ideal",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0, 0.83, 0.95))
+    name = f"{workload}.png"
+    fig.savefig(folder / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def plot_overview(folder: Path, rows: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
+    """``overview.png``: one row per workload, the two regimes as columns, every panel's y from 0 to 1.
+    Returns the file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = _policies(rows, info)
+    workloads = _workloads(rows, info)
+    fig, axes = plt.subplots(
+        len(workloads), 2, figsize=(13, 3.4 * len(workloads)), sharey=True, squeeze=False
+    )
+    for row_axes, w in zip(axes, workloads, strict=True):
+        for ax, regime in zip(row_axes, REGIMES, strict=True):
+            sub = sorted(
+                (r for r in rows if r["workload"] == w and r["regime"] == regime), key=lambda r: r["point"]
+            )
+            if sub:
+                _panel(ax, sub, regime, policies, info, small=True)
+                ax.set_title(f"{w}, {ax.get_title()}", fontsize=7)
+        row_axes[0].set_ylabel(f"{w}\ntoken hit rate (0-1)", fontsize=9)
+    axes[0][0].set_ylim(0, 1)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="upper center", ncol=min(6, max(1, len(labels))))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / len(workloads) / 3.4 * 1.0 - 0.02))
+    name = "overview.png"
+    fig.savefig(folder / name, dpi=90)
+    plt.close(fig)
+    return name
+
+
+def write_all(
+    folder: str | Path,
+    rows: Sequence[dict[str, Any]],
+    info: dict[str, Any],
+    reference: tuple[Sequence[dict[str, Any]] | None, str | None] = (None, None),
+) -> Path:
+    """The plots (when matplotlib is installed) and ``report.md``, which links them. Returns the report's
+    path."""
+    path = Path(folder)
+    plots: list[str] = []
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the core without the [experiments] extra: the report alone
+        pass
+    else:
+        if rows:
+            plots = [plot_workload(path, rows, info, w) for w in _workloads(rows, info)]
+            plots.append(plot_overview(path, rows, info))
+    return write_report(path, rows, info, reference, plots)
