@@ -56,9 +56,12 @@ The DP is a *static* placement: no time dimension, one set of checkpoints for th
 evicted: the deepest checkpoint an earlier request created on its path), the other nodes on its path are
 the created checkpoints below the demand. Then, at ``K`` checkpoints the tree may hold:
 
-- ``static(K) <= dynamic optimum(K)``: keeping one fixed set and declining every other hand-over is one
-  schedule among those a dynamic policy may follow (:class:`StaticPlacement` realises it in the simulator,
-  exactly where checkpoint positions do not move: see :func:`aligned_trie_trace`);
+- ``static(K) <= dynamic optimum(K)`` wherever the placement is realisable: keeping one fixed set and
+  declining every other hand-over is one schedule among those a dynamic policy may follow.
+  :class:`StaticPlacement` runs it in the simulator, at exactly the program's value where checkpoint
+  positions do not move (:func:`aligned_trie_trace`); where they move the run can fall short of the
+  program's value, so there ``static(K)`` is the optimum of the static model, not of the simulator
+  (:func:`forest_from_trace` says why);
 - every policy, online or offline, is ``<= dynamic optimum(K)``, and ``static(infinite)`` = the
   infinite-capacity ideal = ``dynamic optimum(infinite)``;
 - between ``static(K)`` and an online policy or the Belady oracle there is no order in general: a dynamic
@@ -447,9 +450,13 @@ def forest_from_trace(
     ``key[v] = (depth, fingerprint)``. Then ``forest.ideal_value`` is the infinite-capacity hit tokens.
 
     Exact for the simulator where checkpoint positions do not depend on the cache (aligned tries,
-    :func:`aligned_trie_trace`); elsewhere a finite cache can place them elsewhere (a prefill chunk's
-    positions shift with its hit), and the forest is the static problem over the infinite replay's
-    positions. Side effects: none outside the process. Cost: one simulator run plus O(requests x
+    :func:`aligned_trie_trace`). Elsewhere the forest is the static problem over the infinite replay's
+    positions, which a finite cache may never create: a prefill chunk's positions shift with its hit, and
+    under extra_buffer a branch-point checkpoint appears only when an earlier request's KV is still in
+    the tree, which SGLang frees at finish past the request's last kept checkpoint. A placement that
+    declines the first request of a system prompt therefore never sees that prompt's branch point (on
+    the synthetic system-prompt workload the predicted 0.80 runs at 0: ``experiments/dp_check.py``).
+    Side effects: none outside the process. Cost: one simulator run plus O(requests x
     candidate depths up to each demand)."""
     from mamba_radix.sim.engine import Engine, EngineOptions
     from mamba_radix.sim.sweep import infinite_pools
@@ -465,7 +472,11 @@ def forest_from_trace(
         model,
     )
     max_len = max(r.input_len + r.output_len for r in requests)
-    engine = Engine(config, pools, max_len, EngineOptions(mode="sequential", keep_per_request=True), recorder)
+    # sequential: one request runs at a time, so a few request rows suffice (as demand_hits)
+    options = EngineOptions(
+        mode="sequential", keep_per_request=True, verify_states=False, max_running_requests=8
+    )
+    engine = Engine(config, pools, max_len, options, recorder)
     metrics = engine.run(requests, total=len(requests))
     hits = {row["index"]: row["hit"] for row in metrics.per_request}
     created = recorder.created
@@ -568,6 +579,8 @@ class StaticPlacement(CachePolicy):
     fingerprint)`` is in ``keys`` (e.g. ``{forest.key[v] for v in placement.chosen}``); eviction stays
     the config's. With slots for the whole set nothing is evicted, and where positions do not move the
     run's hit tokens equal the placement's value (``property_tests/test_policies_dp.py`` checks it).
+    Where they move it can fall short of it (:func:`forest_from_trace` says why): it keeps no hand-over
+    only for the KV it carries, as the oracle does.
     O(1) per hand-over after one O(tokens) fingerprint pass per request."""
 
     name: ClassVar[str] = "static-placement"
