@@ -24,7 +24,16 @@ import torch
 
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.eviction import CheckpointOrder, EvictionIndex
-from mamba_radix.node import ROOT_ID, TreeNode, child_key, common_prefix_len
+from mamba_radix.node import (
+    ROOT_ID,
+    TokenIds,
+    TreeNode,
+    as_token_ids,
+    child_key,
+    key_slice,
+    prefix_len_bytes,
+    prefix_len_in,
+)
 from mamba_radix.policy import CachePolicy
 from mamba_radix.state_stamp import fingerprint_extend
 
@@ -33,33 +42,35 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch"]
 
+# Keys up to this many tokens (64 KiB) are copied to bytes once per walk; longer ones never are
+_ONE_COPY_TOKENS = 8192
+
 
 @dataclass(frozen=True)
 class RadixKey:
     """Token ids plus an optional namespace (``extra_key``: LoRA id, cache salt).
 
-    Keys in different namespaces never share a node. ``token_ids`` is normalised to a tuple of ints
-    (a list, tuple, numpy array or 1-D tensor is accepted). O(len).
+    Keys in different namespaces never share a node. ``token_ids`` is normalised to a fresh
+    :class:`~mamba_radix.node.TokenIds` (int64 in one C buffer; it compares equal to a tuple or list of
+    the same ints): a list, tuple, ``array('q')``, numpy array or 1-D tensor is accepted. An int64 array
+    or tensor is copied with one ``memcpy``; a list of Python ints costs one C-level conversion per token
+    (about 15-25 ns), which is also the check. Not hashable (the ids are an array). O(len).
     """
 
-    token_ids: tuple[int, ...] | list[int]
+    token_ids: TokenIds | Sequence[int]
     extra_key: str | None = None
 
     def __post_init__(self) -> None:
         ids = self.token_ids
-        if not isinstance(ids, tuple):
-            if isinstance(ids, (torch.Tensor, np.ndarray)):
-                if ids.ndim != 1:
-                    raise InvalidArgument(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
-                ids = tuple(ids.tolist())
-            elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-                raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(ids).__name__}")
-            else:
-                ids = tuple(ids)
-            object.__setattr__(self, "token_ids", ids)
+        if isinstance(ids, (torch.Tensor, np.ndarray)):
+            if ids.ndim != 1:
+                raise InvalidArgument(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
+            ids = _int64_buffer(ids)
+        elif isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Sequence):
+            raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(ids).__name__}")
         try:  # one C-speed pass: floats, None, strings and ints beyond int64 are refused
-            array("q", ids)
-        except (TypeError, OverflowError) as exc:
+            object.__setattr__(self, "token_ids", as_token_ids(ids))
+        except (TypeError, OverflowError, ValueError) as exc:
             raise InvalidArgument(f"token_ids must be int token ids in int64 range: {exc}") from None
         if self.extra_key is not None and not isinstance(self.extra_key, str):
             raise InvalidArgument(
@@ -71,12 +82,24 @@ class RadixKey:
 
     @classmethod
     def trusted(cls, token_ids: Sequence[int], extra_key: str | None) -> RadixKey:
-        """A key from tokens the caller already validated (the lifecycle's, checked at admission):
-        no check, one tuple copy. O(len)."""
+        """A key from tokens the caller already validated (the lifecycle's, checked at admission): no
+        check, one conversion (:func:`~mamba_radix.node.as_token_ids`: a ``memcpy`` from an int64 array,
+        one C-level step per token from a list). O(len)."""
         key = object.__new__(cls)
-        object.__setattr__(key, "token_ids", tuple(token_ids))
+        object.__setattr__(key, "token_ids", as_token_ids(token_ids))
         object.__setattr__(key, "extra_key", extra_key)
         return key
+
+
+def _int64_buffer(ids: torch.Tensor | np.ndarray) -> np.ndarray | list[int]:
+    """A 1-D tensor or numpy array as a contiguous int64 numpy array when its dtype converts exactly
+    (signed ints, unsigned up to 32 bits), else as a list of Python items for the checked conversion
+    (floats and bools keep their refusal or acceptance; uint64 beyond int64 overflows there). O(len)."""
+    arr = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids
+    kind, size = arr.dtype.kind, arr.dtype.itemsize
+    if kind == "i" or (kind == "u" and size <= 4):
+        return np.ascontiguousarray(arr, dtype=np.int64)
+    return arr.tolist()
 
 
 class Walk(NamedTuple):
@@ -139,7 +162,9 @@ class RadixTree:
         self.device = torch.device(device)
         self.clock = 0
         self._next_id = ROOT_ID + 1
-        self.root = TreeNode(ROOT_ID, (), _empty_kv(self.device), parent=None, depth=0, extra_key=None)
+        self.root = TreeNode(
+            ROOT_ID, TokenIds("q"), _empty_kv(self.device), parent=None, depth=0, extra_key=None
+        )
         self.root.full_lock_ref = 1  # the root is always locked, never evicted
         self.policy = policy if policy is not None else CachePolicy()
         self.policy.bind(self)
@@ -160,11 +185,11 @@ class RadixTree:
         self.clock += 1
         return self.clock
 
-    def _child_key(self, tokens: tuple[int, ...], start: int, extra_key: str | None) -> object:
+    def _child_key(self, tokens: TokenIds, start: int, extra_key: str | None) -> object:
         return child_key(tokens, start, self.page_size, extra_key)
 
     def _new_node(
-        self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode, depth: int, extra_key: str | None
+        self, key: TokenIds, value: torch.Tensor, parent: TreeNode, depth: int, extra_key: str | None
     ) -> TreeNode:
         self.version += 1
         node = TreeNode(self._next_id, key, value, parent=parent, depth=depth, extra_key=extra_key)
@@ -215,27 +240,50 @@ class RadixTree:
             stack.extend(node.children.values())
 
     def _walk(
-        self, tokens: tuple[int, ...], extra_key: str | None, start: TreeNode | None = None
+        self,
+        tokens: TokenIds,
+        extra_key: str | None,
+        start: TreeNode | None = None,
+        limit: int | None = None,
     ) -> tuple[list[TreeNode], int, int]:
-        """Read-only walk from ``start`` (the root by default) along ``tokens``, which continue
+        """Read-only walk from ``start`` (the root by default) along ``tokens[:limit]``, which continue
         ``start``'s prefix: (fully matched nodes top-down, tokens they cover, tokens matched into the next
-        node's edge, 0 if none). The match length is rounded down to whole pages. O(len(tokens))."""
+        node's edge, 0 if none). The match length is rounded down to whole pages. ``tokens``: an int64
+        array (a key's ``token_ids``; another int sequence is converted first). Edges are compared with
+        ``memcmp`` (:func:`~mamba_radix.node.prefix_len_in`). O(len(tokens))."""
+        if not (isinstance(tokens, array) and tokens.typecode == "q"):
+            tokens = as_token_ids(tokens)
         page = self.page_size
-        node, pos, path = start if start is not None else self.root, 0, []
-        while pos < len(tokens):
-            child = node.children.get(self._child_key(tokens, pos, extra_key))
-            if child is None:
-                break
-            n = common_prefix_len(child.key, tokens, pos)
+        num_tokens = len(tokens) if limit is None else min(limit, len(tokens))
+        node, path = start if start is not None else self.root, []
+        if num_tokens == 0 or not node.children:
+            return path, 0, 0
+        child = node.children.get(child_key(tokens, 0, page, extra_key))
+        if child is None:  # a miss at the first edge: no bytes needed
+            return path, 0, 0
+        view = memoryview(tokens)[:num_tokens]
+        # A key of one window is copied once and every edge compared in it in place; a longer one is
+        # compared edge by edge without a copy of its size (see prefix_len_in)
+        haystack = view.tobytes() if num_tokens <= _ONE_COPY_TOKENS else None
+        pos = 0
+        while True:
+            if haystack is None:
+                n = prefix_len_in(child.key, view, pos)
+            else:
+                n = prefix_len_bytes(child.key, haystack, pos)
             if page > 1:
                 n -= n % page
-            if n < len(child.key):
-                path.append(child)
-                return path, pos, n
             path.append(child)
+            if n < len(child.key):
+                return path, pos, n
             pos += n
-            node = child
-        return path, pos, 0
+            if pos >= num_tokens or not child.children:
+                return path, pos, 0
+            # the next edge's child key, as child_key makes it (a page's bytes: a short tail never matches)
+            first = tokens[pos] if page == 1 else view[pos : pos + page].tobytes()
+            child = child.children.get(first if extra_key is None else (extra_key, first))
+            if child is None:
+                return path, pos, 0
 
     def _split(self, child: TreeNode, num_tokens: int, now: int) -> TreeNode:
         """Split ``child``'s edge after ``num_tokens`` tokens; return the new parent (the first part).
@@ -248,14 +296,14 @@ class RadixTree:
         assert parent is not None
         slot_key = self._child_key(child.key, 0, child.extra_key)
         new = self._new_node(
-            child.key[:num_tokens],
+            key_slice(child.key, 0, num_tokens),
             child.value[:num_tokens].clone(),
             parent,
             child.depth - len(child.key) + num_tokens,
             child.extra_key,
         )
         new.full_lock_ref = child.full_lock_ref
-        child.key = child.key[num_tokens:]
+        child.key = key_slice(child.key, num_tokens, len(child.key))
         child.value = child.value[num_tokens:].clone()
         child.parent = new
         parent.children[slot_key] = new
@@ -281,9 +329,9 @@ class RadixTree:
     def walk(self, key: RadixKey) -> Walk:
         """The read-only walk :meth:`match` starts with (whole pages only). O(len(key))."""
         tokens = key.token_ids
-        if self.page_size > 1 and len(tokens) % self.page_size:
-            tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
-        path, pos, partial = self._walk(tokens, key.extra_key)
+        path, pos, partial = self._walk(
+            tokens, key.extra_key, None, len(tokens) - len(tokens) % self.page_size
+        )
         return Walk(key, path, pos, partial, self.version)
 
     def match(self, key: RadixKey, walk: Walk | None = None) -> TreeMatch:
@@ -387,7 +435,8 @@ class RadixTree:
                 self._touch_mamba(node, now)
         end = path[-1] if path else self.root
         if pos < num_tokens:
-            end = self._add_leaf(end, tokens[pos:], value[pos:].clone(), mamba_slot, extra_key, now)
+            leaf_key = key_slice(tokens, pos, num_tokens)
+            end = self._add_leaf(end, leaf_key, value[pos:].clone(), mamba_slot, extra_key, now)
         elif end.mamba_slot is None:
             self._set_checkpoint(end, mamba_slot, now)
         else:
@@ -435,7 +484,7 @@ class RadixTree:
     def _add_leaf(
         self,
         parent: TreeNode,
-        key: tuple[int, ...],
+        key: TokenIds,
         value: torch.Tensor,
         mamba_slot: int,
         extra_key: str | None,
