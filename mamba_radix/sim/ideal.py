@@ -45,29 +45,26 @@ class BlockPrefixIdeal(IdealHit):
         self._max_len: list[int] = [0]  # per node: longest input through it; node 0 is the root
 
     def observe(self, req: TraceRequest) -> int:
+        """The ideal hit of ``req``, then ``req`` remembered: one walk down the trie, matching while the
+        chain exists and creating nodes from where it ends. O(blocks)."""
         assert req.block_ids is not None, "BlockPrefixIdeal needs block-format requests"
         length = req.input_len
-        node, depth, best = 0, 0, 0
-        for b in req.block_ids:
-            nxt = self._child.get((node, b))
-            if nxt is None:
-                break
-            node, depth = nxt, depth + 1
-            best = min(depth * self.block_size, length, self._max_len[node])
-        hit = min(best, length - 1)
-        # remember this input: walk again, creating nodes and raising the max length
-        node = 0
+        child, max_len, block_size = self._child, self._max_len, self.block_size
+        node, depth, best, matching = 0, 0, 0, True
         for b in req.block_ids:
             key = (node, b)
-            nxt = self._child.get(key)
+            nxt = child.get(key)
             if nxt is None:
-                nxt = len(self._max_len)
-                self._child[key] = nxt
-                self._max_len.append(0)
+                matching = False
+                nxt = child[key] = len(max_len)
+                max_len.append(0)
+            elif matching:  # read before this request raises it below
+                depth += 1
+                best = min(depth * block_size, length, max_len[nxt])
             node = nxt
-            if self._max_len[node] < length:
-                self._max_len[node] = length
-        return hit
+            if max_len[node] < length:
+                max_len[node] = length
+        return min(best, length - 1)
 
 
 def _pack(tokens: Sequence[int]) -> bytes:

@@ -38,34 +38,56 @@ __all__ = ["PrefixFingerprints", "StampIO"]
 
 
 class _PowerTable:
-    """``x**j mod p`` for j = 0..n-1 as int64, grown by doubling on demand (amortised O(1) per entry)."""
+    """``x**j mod p`` for j = 0..n-1 as int64, grown by doubling on demand (amortised O(1) per entry), and
+    the same powers split at bit 16 (``low = x**j & 0xFFFF``, ``high = x**j >> 16``) for the
+    reduction-free prefix sums of :class:`PrefixFingerprints`."""
 
     def __init__(self, x: int, modulus: int) -> None:
         self.x, self.modulus = x, modulus
         self.table = np.ones(1, dtype=np.int64)
+        self._low = self.table & 0xFFFF
+        self._high = self.table >> 16
 
     def upto(self, n: int) -> np.ndarray:
         while len(self.table) < n:
             step = pow(self.x, len(self.table), self.modulus)
             # residues < 2**31: every product fits in int64
             self.table = np.concatenate([self.table, self.table * step % self.modulus])
+        if len(self._low) != len(self.table):
+            self._low, self._high = self.table & 0xFFFF, self.table >> 16
         return self.table[:n]
+
+    def split_upto(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)`` halves of the first ``n`` powers (``power = high * 2**16 + low``)."""
+        self.upto(n)
+        return self._low[:n], self._high[:n]
 
 
 # per modulus: powers of the base B and of its inverse C (Fermat: C = B^(p-2) mod p, p prime)
 _TABLES = [
     (_PowerTable(b, m), _PowerTable(pow(b, m - 2, m), m), m) for b, m in zip(_BASES, _MODULI, strict=True)
 ]
+# Prefix sums run in chunks of this many tokens: a residue (< 2**31) times a 16-bit half-power (< 2**16)
+# is < 2**47, and 2**15 of them plus a reduced carry stay below 2**63, so no per-token reduction is needed.
+_CHUNK = 1 << 15
 
 
 class PrefixFingerprints:
     """The fingerprint of every prefix of one token sequence.
 
-    Construction is O(len) vectorised numpy work and keeps two int64 arrays of ``len`` entries (16 bytes a
-    token); :meth:`at` is O(1). ``at(n) == state_stamp.fingerprint(tokens[:n])`` for 0 <= n <= len.
+    Construction is O(len) vectorised numpy work and keeps, per modulus, two int64 arrays of ``len``
+    entries (32 bytes a token in all); :meth:`at` is O(1). ``at(n) == state_stamp.fingerprint(tokens[:n])``
+    for 0 <= n <= len.
+
+    How: ``H(n) = B^(n-1) * sum_{j<n} a_j C^j mod p``. Each power ``C^j`` is split into 16-bit halves,
+    ``C^j = h_j 2^16 + l_j``, and the two prefix sums ``sum a_j l_j`` and ``sum a_j h_j`` are kept
+    unreduced (in chunks of 2**15 tokens with a reduced carry, so they never overflow): per token and
+    modulus two multiplies and two cumulative sums, without the integer division a per-token ``% p``
+    costs (the dominant cost before). Tokens are reduced modulo ``p`` only where they reach ``p - 1``
+    (output ids, tails), in place.
     """
 
-    __slots__ = ("_pow_base", "_sums", "length")
+    __slots__ = ("_high", "_low", "_pow_base", "length")
 
     def __init__(self, tokens: np.ndarray) -> None:
         # int64 arrays (the engine's case) skip the conversion; anything else is validated like
@@ -77,21 +99,37 @@ class PrefixFingerprints:
         )
         if arr is None or (arr.size and int(arr.min()) < 0):
             arr = as_token_array(tokens)
-        top_id = bool(arr.size) and int(arr.max()) == 2**63 - 1
-        self.length = int(arr.shape[0])
-        self._sums: list[np.ndarray] = []
+        self.length = n = int(arr.shape[0])
+        self._low: list[np.ndarray] = []
+        self._high: list[np.ndarray] = []
         self._pow_base: list[np.ndarray] = []
+        if n == 0:
+            return
+        top = int(arr.max())
+        # a_j = (t_j + 1) mod p; t + 1 overflows int64 only at t = 2**63 - 1, where it is reduced first
+        plus_one = arr + 1 if top < 2**63 - 1 else None
         for base_pows, inv_pows, modulus in _TABLES:
-            if self.length == 0:
-                self._sums.append(arr)
-                self._pow_base.append(arr)
-                continue
-            # a_j * C^j < 2**62; the running sum of up to 2**31 terms below 2**31 stays below 2**62
-            # a_j = (t_j + 1) mod p; t + 1 overflows int64 only at t = 2**63 - 1, where it is reduced first
-            a = (arr % modulus + 1) if top_id else (arr + 1)
-            terms = a % modulus * inv_pows.upto(self.length) % modulus
-            self._sums.append(np.cumsum(terms) % modulus)
-            self._pow_base.append(base_pows.upto(self.length))
+            if plus_one is None:
+                a = arr % modulus + 1
+            elif top + 1 >= modulus:
+                a = plus_one.copy() if len(_TABLES) > 1 else plus_one
+                np.remainder(a, modulus, out=a, where=a >= modulus)
+            else:
+                a = plus_one
+            low_pows, high_pows = inv_pows.split_upto(n)
+            self._low.append(self._prefix_sums(a * low_pows, modulus))
+            self._high.append(self._prefix_sums(a * high_pows, modulus))
+            self._pow_base.append(base_pows.upto(n))
+
+    @staticmethod
+    def _prefix_sums(terms: np.ndarray, modulus: int) -> np.ndarray:
+        """Prefix sums of ``terms`` (each < 2**47), congruent modulo ``modulus``, in place. O(len)."""
+        np.cumsum(terms[:_CHUNK], out=terms[:_CHUNK])
+        for start in range(_CHUNK, len(terms), _CHUNK):
+            chunk = terms[start : start + _CHUNK]
+            chunk[0] += int(terms[start - 1]) % modulus  # the carry, reduced: the bound holds again
+            np.cumsum(chunk, out=chunk)
+        return terms
 
     def at(self, n: int) -> int:
         """The fingerprint of the first ``n`` tokens. O(1)."""
@@ -100,9 +138,10 @@ class PrefixFingerprints:
         if type(n) is not int or not 0 < n <= self.length:
             raise InvalidPosition(f"prefix length {n!r} outside 0..{self.length}")
         out = 0
+        j = n - 1
         for i, (_, _, modulus) in enumerate(_TABLES):
-            h = int(self._pow_base[i][n - 1]) * int(self._sums[i][n - 1]) % modulus
-            out |= h << (32 * i)
+            total = int(self._low[i][j]) + (int(self._high[i][j]) << 16)
+            out |= int(self._pow_base[i][j]) * (total % modulus) % modulus << (32 * i)
         return out
 
 
