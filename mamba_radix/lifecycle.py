@@ -256,10 +256,11 @@ class RequestLifecycle:
         reach ``end`` (the lifecycle's requests), else from its lists (a caller of the low-level calls
         that did not admit through :meth:`admit`). O(end - start)."""
         ids = self._checked_tokens().get(req)
-        tokens: Sequence[int] = (
-            ids[start:end] if ids is not None and end <= len(ids) else req.token_slice(start, end)
+        tokens: Sequence[int] | memoryview = (
+            # a view: the key's own copy is the only one made
+            memoryview(ids)[start:end] if ids is not None and end <= len(ids) else req.token_slice(start, end)
         )
-        return RadixKey.trusted(tokens, req.extra_key)
+        return RadixKey.trusted(tokens, req.extra_key)  # type: ignore[arg-type]
 
     def _undo_admission(self: MambaRadixCache, req: Req, node: object) -> None:
         self.tree.dec_lock_ref(node)  # type: ignore[arg-type]
