@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -57,6 +57,7 @@ from sortedcontainers import SortedList
 
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, EVICTION_ORDERS
 from mamba_radix.errors import ConfigError
+from mamba_radix.node import ROOT_ID
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig, EvictionOrder
@@ -98,6 +99,10 @@ class CheckpointOrder:
         crossover = self.flop_crossover
         if isinstance(crossover, bool) or not isinstance(crossover, int) or crossover < 1:
             raise ConfigError(f"flop_crossover must be an integer >= 1, got {crossover!r}")
+        # the order's key function, chosen once: an update computes keys tens of thousands of times
+        object.__setattr__(self, "key_of", _order_key(self))
+
+    key_of: Callable[[TreeNode], tuple[int, ...]] = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, config: CacheConfig) -> CheckpointOrder:
@@ -137,17 +142,37 @@ def mamba_evict_key(order: EvictionOrder | CheckpointOrder, node: TreeNode) -> t
     """The key ``node``'s checkpoint is ordered by (``order``: a name, with default ``flop_weighted``
     parameters, or a :class:`CheckpointOrder`). O(1)."""
     spec = order if isinstance(order, CheckpointOrder) else CheckpointOrder(order)
-    name = spec.name
-    if name == "leaf_first":
-        return (0, node.mamba_last_access, -node.depth, node.id)
-    if name == "root_first":
-        return (0, node.mamba_last_access, node.depth, node.id)
-    if name == "flop_weighted":
-        score = flop_score(node.mamba_last_access, node.depth, spec.flop_weight, spec.flop_crossover)
-        return (0, score, -node.depth, node.id)
-    if node.full_lock_ref > 0:  # mixed, class 0: a running request's superseded checkpoint
+    return spec.key_of(node)
+
+
+def _leaf_first_key(node: TreeNode) -> tuple[int, ...]:
+    return (0, node.mamba_last_access, -node.depth, node.id)
+
+
+def _root_first_key(node: TreeNode) -> tuple[int, ...]:
+    return (0, node.mamba_last_access, node.depth, node.id)
+
+
+def _flop_weighted_key(weight: float, crossover: int, node: TreeNode) -> tuple[int, ...]:
+    score = flop_score(node.mamba_last_access, node.depth, weight, crossover)
+    return (0, score, -node.depth, node.id)
+
+
+def _mixed_key(node: TreeNode) -> tuple[int, ...]:
+    if node.full_lock_ref > 0:  # class 0: a running request's superseded checkpoint
         return (0, 0, node.depth, node.id)
     return (1, node.mamba_last_access, -node.depth, node.id)
+
+
+def _order_key(spec: CheckpointOrder) -> Callable[[TreeNode], tuple[int, ...]]:
+    """The key function of ``spec``'s order (module-level functions: a spec stays picklable)."""
+    if spec.name == "leaf_first":
+        return _leaf_first_key
+    if spec.name == "root_first":
+        return _root_first_key
+    if spec.name == "flop_weighted":
+        return partial(_flop_weighted_key, spec.flop_weight, spec.flop_crossover)
+    return _mixed_key
 
 
 class CandidateKeys(Protocol):
@@ -186,7 +211,7 @@ class EvictionIndex:
         self.order: CheckpointOrder = order
         # a research policy's keys (mamba_radix.policy.CachePolicy), or the order's own
         self._full_key: Callable[[TreeNode], tuple[int, ...]] = full_evict_key
-        self._mamba_key: Callable[[TreeNode], tuple[int, ...]] = partial(mamba_evict_key, order)
+        self._mamba_key: Callable[[TreeNode], tuple[int, ...]] = order.key_of
         if keys is not None:
             self._full_key, self._mamba_key = keys.full_key, keys.mamba_key
         self._full: SortedList = SortedList()
@@ -195,17 +220,26 @@ class EvictionIndex:
 
     # ------------------------------------------------------------------------------------------ updates
     def update(self, node: TreeNode) -> None:
-        """Re-derive ``node``'s membership and keys from its fields. O(log n); no-op if nothing changed."""
-        want_full = self._full_key(node) if is_full_candidate(node) else None
+        """Re-derive ``node``'s membership and keys from its fields. O(log n); no-op if nothing changed.
+
+        The membership tests are :func:`is_full_candidate` and :func:`is_mamba_candidate` written out
+        inline (this runs on every stamp and lock change: tens of thousands of times per replay)."""
+        children = node.children
+        unlocked = node.full_lock_ref == 0
+        want_full = self._full_key(node) if unlocked and not children and node.id != ROOT_ID else None
         if want_full != node.full_evict_key:
             _rekey(self._full, node.full_evict_key, want_full)
             node.full_evict_key = want_full
-        want_mamba = self._mamba_key(node) if is_mamba_candidate(node) else None
+        if node.mamba_slot is not None and node.mamba_lock_ref == 0 and (children or unlocked):
+            want_mamba = self._mamba_key(node)
+        else:
+            want_mamba = None
         if want_mamba != node.mamba_evict_key:
             _rekey(self._mamba, node.mamba_evict_key, want_mamba)
             node.mamba_evict_key = want_mamba
         if want_full is None and want_mamba is None:
-            self._nodes.pop(node.id, None)
+            if node.id in self._nodes:
+                del self._nodes[node.id]
         else:
             self._nodes[node.id] = node
 

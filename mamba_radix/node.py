@@ -26,6 +26,7 @@ Invariants written where the fields live (checked by :mod:`mamba_radix.invariant
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
@@ -96,12 +97,21 @@ def as_token_ids(tokens: Sequence[int] | array | memoryview) -> TokenIds:
 
     No validation beyond the conversion's own. An int64 ``array('q')`` (a :class:`TokenIds` too) or a
     C-contiguous 1-D int64 buffer (a numpy array, a ``memoryview``) is copied with one ``memcpy``
-    (about 0.2 ns per token); any other sequence is converted item by item (15-25 ns per token from a
-    list of Python ints), raising ``TypeError`` for a non-int and ``OverflowError`` beyond int64. O(len).
+    (about 0.2 ns per token); a list or tuple of Python ints goes through ``struct.pack`` (7-20 ns per
+    token, half of ``array('q', list)``'s); any other sequence item by item. Raises ``TypeError`` for a
+    non-int and ``OverflowError`` beyond int64. O(len).
     """
     if isinstance(tokens, array) and tokens.typecode == "q":
         return TokenIds("q", tokens)
-    if isinstance(tokens, (list, tuple, range)):
+    if isinstance(tokens, (list, tuple)):
+        out = TokenIds("q")
+        if tokens:
+            try:  # struct.pack converts about twice as fast as array's item-by-item path
+                out.frombytes(struct.pack(f"{len(tokens)}q", *tokens))
+            except struct.error:  # not ints, or beyond int64: array's conversion says which, precisely
+                return TokenIds("q", tokens)
+        return out
+    if isinstance(tokens, range):
         return TokenIds("q", tokens)
     try:
         view = memoryview(tokens)  # type: ignore[arg-type]

@@ -267,15 +267,22 @@ class RadixTree:
         haystack = view.tobytes() if num_tokens <= _ONE_COPY_TOKENS else None
         pos = 0
         while True:
-            if haystack is None:
-                n = prefix_len_in(child.key, view, pos)
+            edge = child.key
+            n = len(edge)
+            # the common case inline: the whole edge matches (one memcmp, no call); else find where not
+            if haystack is None or pos + n > num_tokens or not haystack.startswith(edge, pos * 8):
+                n = (
+                    prefix_len_in(edge, view, pos)
+                    if haystack is None
+                    else prefix_len_bytes(edge, haystack, pos)
+                )
+                if page > 1:
+                    n -= n % page
+                path.append(child)
+                if n < len(edge):
+                    return path, pos, n
             else:
-                n = prefix_len_bytes(child.key, haystack, pos)
-            if page > 1:
-                n -= n % page
-            path.append(child)
-            if n < len(child.key):
-                return path, pos, n
+                path.append(child)
             pos += n
             if pos >= num_tokens or not child.children:
                 return path, pos, 0
