@@ -140,6 +140,7 @@ class TreeNode:
         "mamba_last_access",
         "mamba_lock_ref",
         "mamba_slot",
+        "owner",
         "parent",
         "prefix_fp",
         "value",
@@ -155,6 +156,7 @@ class TreeNode:
         depth: int,
         extra_key: str | None,
         mamba_slot: int | None = None,
+        owner: object | None = None,
     ) -> None:
         self.id = node_id
         self.key = key
@@ -174,6 +176,8 @@ class TreeNode:
         self.mamba_evict_key: tuple[int, ...] | None = None
         # fingerprint of the whole prefix ending here, kept only for a policy that asks for it
         self.prefix_fp = 0
+        # the RadixTree holding this node, None once it left it (evicted): is_attached() in O(1)
+        self.owner = owner
 
     @property
     def is_root(self) -> bool:

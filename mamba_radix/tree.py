@@ -163,7 +163,7 @@ class RadixTree:
         self.clock = 0
         self._next_id = ROOT_ID + 1
         self.root = TreeNode(
-            ROOT_ID, TokenIds("q"), _empty_kv(self.device), parent=None, depth=0, extra_key=None
+            ROOT_ID, TokenIds("q"), _empty_kv(self.device), parent=None, depth=0, extra_key=None, owner=self
         )
         self.root.full_lock_ref = 1  # the root is always locked, never evicted
         self.policy = policy if policy is not None else CachePolicy()
@@ -192,7 +192,9 @@ class RadixTree:
         self, key: TokenIds, value: torch.Tensor, parent: TreeNode, depth: int, extra_key: str | None
     ) -> TreeNode:
         self.version += 1
-        node = TreeNode(self._next_id, key, value, parent=parent, depth=depth, extra_key=extra_key)
+        node = TreeNode(
+            self._next_id, key, value, parent=parent, depth=depth, extra_key=extra_key, owner=self
+        )
         if self._prefix_fps:
             node.prefix_fp = fingerprint_extend(parent.prefix_fp, key)
         self._next_id += 1
@@ -200,18 +202,9 @@ class RadixTree:
         return node
 
     def is_attached(self, node: TreeNode) -> bool:
-        """Whether ``node`` is part of this tree (not evicted, not from another tree). O(path)."""
-        if node is self.root:
-            return True
-        parent = node.parent
-        if parent is None or not node.key:
-            return False
-        if parent.children.get(self._child_key(node.key, 0, node.extra_key)) is not node:
-            return False
-        top = parent
-        while top.parent is not None:  # a removed node has no parent: its subtree ends there
-            top = top.parent
-        return top is self.root
+        """Whether ``node`` is part of this tree (not evicted, not from another tree). O(1): every node
+        records its tree (``owner``), and removal clears it."""
+        return node.owner is self
 
     def path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
         """``node`` and its ancestors below the root, bottom-up. O(path)."""
@@ -443,7 +436,8 @@ class RadixTree:
         end = path[-1] if path else self.root
         if pos < num_tokens:
             leaf_key = key_slice(tokens, pos, num_tokens)
-            end = self._add_leaf(end, leaf_key, value[pos:].clone(), mamba_slot, extra_key, now)
+            leaf_kv = value.clone() if pos == 0 else value[pos:].clone()  # a torch slice costs ~2 us
+            end = self._add_leaf(end, leaf_key, leaf_kv, mamba_slot, extra_key, now)
         elif end.mamba_slot is None:
             self._set_checkpoint(end, mamba_slot, now)
         else:
@@ -462,9 +456,9 @@ class RadixTree:
                 else type(value).__name__
             )
             raise InvalidArgument(f"kv indices must be a 1-D int64 tensor, got {got}")
-        if len(value) != num_tokens:
+        if value.shape[0] != num_tokens:  # shape, not len(): a tensor's len() costs a Python-level call
             raise InvalidArgument(
-                f"kv indices have {len(value)} entries for {num_tokens} tokens; pass one index per token"
+                f"kv indices have {value.shape[0]} entries for {num_tokens} tokens; pass one index per token"
             )
         if num_tokens % self.page_size:
             raise InvalidArgument(
@@ -624,7 +618,8 @@ class RadixTree:
             assert parent is not None
             del parent.children[self._child_key(node.key, 0, node.extra_key)]
             self.index.remove(node)
-            node.parent = None  # detached: is_attached() is False from now on
+            node.parent = None
+            node.owner = None  # detached: is_attached() is False from now on
             self.num_nodes -= 1
             self.full_evictable_size -= len(node.key)
             freed.kv.append(node.value)
