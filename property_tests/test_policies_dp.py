@@ -270,3 +270,17 @@ def test_a_checkpoint_created_after_a_request_never_serves_it() -> None:
     reqs = [TraceRequest.from_tokens(i, float(i), t, [50_000 + i]) for i, t in enumerate([a, a, b, a])]
     forest = forest_from_trace(config, reqs)
     assert (forest.parent, forest.depth, forest.weight) == ((-1,), (256,), (2,))
+
+
+def test_a_demand_node_created_after_an_earlier_demand_below_it_is_dropped_not_misplaced() -> None:
+    # as above, then request 3 (A's first 128 tokens, then its own) demands the branch point at 128,
+    # which did not exist for request 1 (demanding 256 below it): the node is dropped, and request 3's
+    # demand, with no kept node above it, counts nowhere (never on another node)
+    config = CacheConfig(mamba_radix_cache_strategy="extra_buffer")
+    rng = np.random.default_rng(0)
+    a = rng.integers(1_000, 9_000, 300).tolist()
+    b = a[:128] + rng.integers(10_000, 19_000, 172).tolist()
+    c = a[:128] + rng.integers(20_000, 29_000, 172).tolist()
+    reqs = [TraceRequest.from_tokens(i, float(i), t, [50_000 + i]) for i, t in enumerate([a, a, b, c, a])]
+    forest = forest_from_trace(config, reqs)
+    assert (forest.parent, forest.depth, forest.weight) == ((-1,), (256,), (2,))

@@ -445,9 +445,12 @@ def forest_from_trace(
 ) -> PrefixForest:
     """The static prefix set of a trace under ``config``: one sequential replay with pools nothing fills
     records every checkpoint handed to the tree (``(depth, prefix fingerprint)`` and the first request
-    that created it) and each request's hit, its *demand*. Nodes: for each request with a demand, the
-    checkpoints created by earlier requests on its path up to its demand; weight 1 at its demand node.
-    ``key[v] = (depth, fingerprint)``. Then ``forest.ideal_value`` is the infinite-capacity hit tokens.
+    that created it) and each request's hit, its *demand*. Nodes: the checkpoints created on each
+    demand's path up to it, each kept only if it existed before every request demanding in its subtree
+    (causality; a dropped node's children hang from its nearest kept ancestor); weight 1 per request at
+    its demand node, or at that node's nearest kept ancestor if it was dropped. ``key[v] = (depth,
+    fingerprint)``. ``forest.ideal_value`` is then the infinite-capacity hit tokens less what dropped
+    nodes cost (nothing on aligned tries, 0.28% of them on the first 2,000 conversation requests).
 
     Exact for the simulator where checkpoint positions do not depend on the cache (aligned tries,
     :func:`aligned_trie_trace`). Elsewhere the forest is the static problem over the infinite replay's
@@ -517,7 +520,8 @@ def forest_from_trace(
         demand_node.append((req.index, above))
     # causality: a node serves a request only if it existed before it. Keep a node only if it was
     # created before every request whose demand lies in its subtree (dropping one only lowers the
-    # optimum: the forest is then the static problem over the positions kept)
+    # optimum: the forest is then the static problem over the positions kept, and every value it gives
+    # is one a placement of those positions reaches)
     n = len(parent)
     earliest = [1 << 62] * n
     for rid, node in demand_node:
@@ -544,7 +548,10 @@ def forest_from_trace(
             lifted[v] = up
     out_weight: list[float] = [0] * len(out_parent)
     for _, node in demand_node:
-        out_weight[new_id[node]] += 1  # a demand node is always kept: it was created before its request
+        # a demand node is dropped when an earlier request demands below it before it existed: its
+        # own requests then count at its nearest kept ancestor (or not at all), never above their due
+        if lifted[node] != ROOT:
+            out_weight[lifted[node]] += 1
     return PrefixForest(out_parent, out_depth, out_weight, out_key)
 
 
