@@ -16,13 +16,16 @@ measured in this run only; nothing is compared against stored numbers.
 
 **Baseline, measured in the same run.** After each capacity, the exact sequence of operations our cache
 performed (one ``match(input[:-1])`` per request, one ``insert(input[:pos])`` per checkpoint it inserted,
-same keys, same order, same tuple slicing inside the timed call) is replayed through :class:`BareTrie`, a
+same keys, same order, the key sliced inside the timed call on both sides) is replayed through
+:class:`BareTrie`, a
 minimal plain-Python radix trie written below: dict children keyed by the first token, tuple edge keys,
 an edge split when a match or insert ends inside it (as our match does). It omits everything else our
 cache does: no KV index tensors (no ``torch.cat`` of the matched path, no value copies on split or leaf),
 no checkpoints or slots, no locks, no recency clock or eviction order, no size counters, no argument
 checks, no pools and no eviction (unlimited capacity: its tree only grows, so its matches can be longer
-than ours at small capacities). So it measures the bare cost of prefix matching and inserting in Python.
+than ours at small capacities). So it measures the bare cost of prefix matching and inserting in Python. Our side gets the prompts as
+int64 arrays (:class:`~mamba_radix.node.TokenIds`, built once before the replay, as a request holds its
+tokens), the bare trie as tuples (its natural form); each slices its own form.
 The table prints the bare trie's requests/s and median match / insert times next to ours, with
 ``ours/bare`` ratios: for requests/s below 1 means we are slower; for times above 1 means we are slower.
 
@@ -41,6 +44,7 @@ from pathlib import Path
 import torch
 
 from mamba_radix import CacheConfig, MambaRadixCache, RadixKey
+from mamba_radix.node import TokenIds, as_token_ids
 from mamba_radix.strategies import prefill_track_len
 
 BLOCK_SIZE = 512
@@ -183,10 +187,10 @@ def checkpoint_positions(config: CacheConfig, hit: int, num_tokens: int, branchi
 
 
 def replay(
-    prompts: list[tuple[int, ...]], num_tokens: int, num_slots: int
+    prompts: list[TokenIds], num_tokens: int, num_slots: int
 ) -> tuple[dict[str, float], list[tuple[int, list[int]]]]:
-    """Our cache. Returns the metrics and the operations done, (prompt index, insert lengths) per
-    request, for :func:`replay_bare`."""
+    """Our cache on the prompts as int64 arrays. Returns the metrics and the operations done, (prompt
+    index, insert lengths) per request, for :func:`replay_bare`."""
     config = CacheConfig(mamba_radix_cache_strategy="extra_buffer")  # chunks of 8192, grid 64
     cache = MambaRadixCache.build(config, num_tokens=num_tokens, num_slots=num_slots, max_context_len=1)
     allocator, mamba_pool = cache.token_to_kv_pool_allocator, cache.mamba_pool
@@ -285,6 +289,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     prompts = load_requests(args.trace, args.num_requests)
+    arrays = [as_token_ids(p) for p in prompts]  # ours: int64 arrays, as a request holds its tokens
     total = sum(len(p) for p in prompts)
     print(
         f"trace: {args.trace.name}, {len(prompts)} requests, {total:,} input tokens "
@@ -300,7 +305,7 @@ def main() -> None:
     summaries = []
     for capacity in (int(c) for c in args.capacities.split(",")):
         slots = max(4, capacity // args.tokens_per_slot)
-        r, ops = replay(prompts, capacity, slots)
+        r, ops = replay(arrays, capacity, slots)
         b = replay_bare(prompts, ops)  # the baseline, right after, on the same operations
         assert b["matches"] == len(ops) == r["requests"] and b["inserts"] == sum(len(p) for _, p in ops)
         print(
