@@ -5,6 +5,7 @@ Run it (about 2 minutes on 2 cores)::
 
     python experiments/dp_check.py                 # 30 random aligned tries, the 4 synthetic workloads
     python experiments/dp_check.py --tries 10 --no-synthetic
+    python experiments/dp_check.py --conversation 2000   # and the 2,000-request conversation check (~5 min)
 
 1. **Aligned tries** (12 requests on a random binary trie of depth <= 3 blocks of 64 tokens, ``no_buffer``,
    one chunk per block, KV ample, tree room ``K`` = slots - 1): here checkpoint positions never move, so
@@ -15,6 +16,8 @@ Run it (about 2 minutes on 2 cores)::
    SGLang 0.5.23's rules; the slots-bind points): the static optimum over the infinite replay's
    checkpoint positions (predicted), the same placement run in the simulator (realised: positions can
    move there), the oracle and two online policies, as token hit rates.
+3. **Conversation** (``--conversation N``): the same columns on the first N Mooncake conversation
+   requests at the target check's memory (8M KV tokens, 256 and 1024 slots).
 """
 
 from __future__ import annotations
@@ -143,16 +146,56 @@ def synthetic_table() -> str:
     return "\n".join(out)
 
 
+def conversation_table(requests: int, kv_tokens: int = 8_000_000, slots: Sequence[int] = (256, 1024)) -> str:
+    from mamba_radix.data import trace_path
+    from mamba_radix.experiment import Workload, base_config, load_requests
+
+    reqs = load_requests(Workload("conversation", (), (), trace=str(trace_path()), limit=requests))
+    config = base_config()
+    tokens = sum(r.input_len for r in reqs)
+    forest = forest_from_trace(config, reqs)
+    demands: dict = {}
+    out = [
+        f"Conversation, first {requests:,} requests (extra_buffer, sequential, {kv_tokens:,} KV tokens; "
+        f"token hit rate; K = slots - {config.slots_per_request})\n",
+        "| slots | infinite | static (predicted) | static (run) | oracle | sglang-0.5.23 | sift |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in slots:
+        placement = optimal_placement(forest, s - config.slots_per_request)
+        real = static_run(config, reqs, {forest.key[v] for v in placement.chosen}, s, kv_tokens)  # type: ignore[index]
+        rates = {}
+        for policy in ("oracle", "sglang-0.5.23", "sift"):
+            ctx = PolicyContext(reqs, exact_pools(config, kv_tokens, s), demands=demands)
+            rates[policy] = run_policy(policy, config, ctx)["token_hit_rate"]
+        infinite = sum(demands[config]) / tokens
+        out.append(
+            f"| {s} | {infinite:.4f} | {placement.value / tokens:.4f} | {real['hit_tokens'] / tokens:.4f} | "
+            f"{rates['oracle']:.4f} | {rates['sglang-0.5.23']:.4f} | {rates['sift']:.4f} |"
+        )
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tries", type=int, default=30, help="random aligned tries (default 30)")
     parser.add_argument("--no-synthetic", action="store_true", help="skip the synthetic workloads")
+    parser.add_argument(
+        "--conversation",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the first N Mooncake conversation requests at 256 and 1024 slots (2,000: ~5 min)",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     print(aligned_table(args.tries))
     if not args.no_synthetic:
         print()
         print(synthetic_table())
+    if args.conversation:
+        print()
+        print(conversation_table(args.conversation))
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 
