@@ -167,6 +167,23 @@ def test_sift_demotes_superseded_checkpoints() -> None:
     assert [n.depth for n in cache.tree.nodes() if n.mamba_slot is not None and n.depth == 64] == [64]
 
 
+@pytest.mark.parametrize("greedy_dual", [True, False])
+def test_sift_greedy_dual_keeps_the_checkpoint_that_saves_more_until_it_ages_out(greedy_dual: bool) -> None:
+    # A saves 640 tokens over its fallback (the root), each later prompt 64. LRU evicts A first; GreedyDual
+    # evicts the 64-token ones first, each victim raising the clock by 64, so A (priority 640) goes once the
+    # clock has reached 640 - 64: at the 10th eviction, not the 1st, and not never.
+    policy = Sift(supersede=False, learn_admission=False, greedy_dual=greedy_dual)
+    cache = MambaRadixCache.build(NO_BUFFER, num_tokens=4096, num_slots=16, policy=policy)
+    insert(cache, list(range(10_000, 10_640)))
+    evicted_at = None
+    for i in range(12):
+        insert(cache, list(range(20_000 + 100 * i, 20_064 + 100 * i)))
+        cache.evict(num_states=1)
+        if evicted_at is None and 640 not in checkpoint_depths(cache):
+            evicted_at = i + 1
+    assert evicted_at == (10 if greedy_dual else 1)
+
+
 def test_sift_learns_to_decline_a_kind_that_is_never_hit() -> None:
     policy = Sift(min_evidence=4, min_rate=0.2, explore_every=1000)
     cache = MambaRadixCache.build(EXTRA, num_tokens=8192, num_slots=12, policy=policy)

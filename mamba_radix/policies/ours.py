@@ -26,17 +26,31 @@ changes two things and keeps LRU inside each class:
    slots are free: the cap adapts to the pressure. A kind of lower value never supersedes one of higher
    value (a ``decode`` checkpoint below an ``end`` one on a block trace).
 
-Eviction keys ``(class, stamp, -depth, id)``: class 0 superseded, 1 a kind worth less than
-``low_ratio`` of the best kind's ratio, 5 the rest (``fine_classes``: 1-5 by halvings of that ratio); stamp is the checkpoint's LRU stamp. KV leaves: a
+3. **GreedyDual inside a class.** Checkpoints of one class are not evicted in LRU order but by a
+   GreedyDual priority (Young's GreedyDual; Cao and Irani's GreedyDual-Size for web caches): a checkpoint
+   gets ``L[class] + gain`` when it is handed over and again at every hit, where ``gain`` is the tokens a
+   hit on it saves over the nearest checkpoint above it on its path (its depth minus that checkpoint's
+   depth, the marginal value of keeping it), and ``L[class]`` is the priority of the class's last victim.
+   So a checkpoint that saves 8,192 tokens over its fallback outlives one that saves 64 for as long as
+   8,192 tokens of evictions take to age it, and an untouched one still ages out. Slots all cost the same,
+   so this is the value-aware generalisation of LRU (with every gain equal it is LRU). Measured on the
+   first 2,000 conversation requests at 8M KV tokens, with superseded checkpoints first from the start:
+   1024 slots 0.2145 (LRU inside a class: 0.2082), 256 slots 0.1582 (0.1629); where slots bind on the
+   synthetic workloads, as a fraction of the oracle: chat 0.93 (0.88), agent loops 1.00 (0.99), trees
+   0.93 (0.89), shared system prompts 1.00 (0.98).
+
+Eviction keys ``(class, priority, -depth, id)``: class 0 superseded, 1 a kind worth less than
+``low_ratio`` of the best kind's ratio, 5 the rest (``fine_classes``: 1-5 by halvings of that ratio);
+priority the GreedyDual one (``greedy_dual=False``: the checkpoint's LRU stamp). KV leaves: a
 leaf without a checkpoint first when ``kv_only_first`` (KV past the deepest state is never a hit; the
 price is the branch points such KV shows), then leaves by their checkpoint's class, LRU inside.
 
 Ablation switches (off by default, each measured worse on the synthetic workloads): ``continuation``
 (kinds split by whether the request continued half its prompt from the cache), ``fine_classes``,
-``relative_decline``; ``supersede=False`` and ``ghost_size=0`` switch the two mechanisms off (first 600
+``relative_decline``; ``supersede=False``, ``ghost_size=0`` and ``greedy_dual=False`` switch the mechanisms off (first 600
 conversation requests, 8M KV, 256 slots: 0.0999 with supersession, 0.0775 without).
 
-Costs: O(1) per key plus O(path) per new checkpoint (the supersession walk), one vectorised fingerprint
+Costs: O(1) per key plus O(path) per new or hit checkpoint (the supersession walk, the gain's walk up), one vectorised fingerprint
 pass over each prompt and O(prompt / grid) ghost look-ups per admission; every ``rekey_every``
 admissions the keys of every checkpoint are re-derived (the learned ratios moved), O(n log n).
 Online: nothing here looks at the future; ``req.rid`` is only used to count admissions.
@@ -85,6 +99,9 @@ class _Record:
     stamp: int
     hit: bool = False
     superseded: bool = False
+    priority: float = 0.0  # GreedyDual: L[class] + gain, set at hand-over and at every hit
+    priority_class: int = -1  # the class the priority was set in (a class change restarts it)
+    priority_stamp: int = -1  # the stamp it was set at (a hit re-stamps the node and restarts it)
 
 
 class Sift(CachePolicy):
@@ -108,6 +125,7 @@ class Sift(CachePolicy):
         ghost_size: int = 4096,
         fine_classes: bool = False,
         relative_decline: bool = False,
+        greedy_dual: bool = True,
     ) -> None:
         super().__init__()
         self.min_rate = min_rate
@@ -122,6 +140,9 @@ class Sift(CachePolicy):
         self.ghost_size = ghost_size
         self.fine_classes = fine_classes
         self.relative_decline = relative_decline
+        self.greedy_dual = greedy_dual
+        # GreedyDual: per class, the priority of its last victim (the clock new priorities start from)
+        self._clock: defaultdict[int, float] = defaultdict(float)
         # evicted, never-hit checkpoints: (depth, prefix fingerprint) -> kind, oldest first
         self._ghost: OrderedDict[tuple[int, int], str] = OrderedDict()
         self._ghost_probe: tuple[object, int, str | None] = (None, 0, None)  # (rid, depth, kind)
@@ -241,19 +262,40 @@ class Sift(CachePolicy):
         """0 for a superseded checkpoint (unless superseded ones prove valuable), else 1 + how many
         halvings of the best kind's ratio its kind is above 1/16 of it (1..5). O(kinds)."""
         best = self._best_rate()
+        if rec.superseded and (best <= 0 or self.superseded_rate() < self.low_ratio * best):
+            return 0  # superseded ones go first until they prove to be hit
         if best <= 0:
             return 5
-        if rec.superseded and self.superseded_rate() < self.low_ratio * best:
-            return 0
         ratio = self.rate(rec.kind) / best
         if not self.fine_classes:
             return 1 if ratio < self.low_ratio else 5
         return 1 + max(0, min(4, 4 + math.floor(math.log2(max(ratio, 1e-9)))))
 
+    def _gain(self, node: TreeNode) -> int:
+        """Tokens a hit on ``node``'s checkpoint saves over the nearest checkpoint above it. O(path)."""
+        x = node.parent
+        while x is not None and not x.is_root and x.mamba_slot is None:
+            x = x.parent
+        above = 0 if x is None or x.is_root else x.depth
+        return node.depth - above
+
+    def _priority(self, rec: _Record, cls: int) -> float:
+        """The GreedyDual priority of ``rec``'s checkpoint in class ``cls``: restarted from the class's
+        clock when it was handed over or hit (a new stamp) or changed class, kept otherwise. O(path)
+        when restarted, else O(1)."""
+        stamp = rec.node.mamba_last_access
+        if rec.priority_stamp != stamp or rec.priority_class != cls:
+            rec.priority = self._clock[cls] + self._gain(rec.node)
+            rec.priority_class, rec.priority_stamp = cls, stamp
+        return rec.priority
+
     # ------------------------------------------------------------------------------------------ keys
     def mamba_key(self, node: TreeNode) -> tuple[int, ...]:
         rec = self._observe(node)
-        return (self._class(rec), node.mamba_last_access, -node.depth, node.id)
+        cls = self._class(rec)
+        if not self.greedy_dual:
+            return (cls, node.mamba_last_access, -node.depth, node.id)
+        return (cls, self._priority(rec, cls), -node.depth, node.id)  # type: ignore[return-value]
 
     def full_key(self, node: TreeNode) -> tuple[int, ...]:
         if node.mamba_slot is None:
@@ -270,6 +312,9 @@ class Sift(CachePolicy):
     def pick_mamba_victim(self, index: EvictionIndex) -> TreeNode | None:
         self._flush()
         victim = index.first_mamba()
+        if victim is not None and self.greedy_dual and victim.mamba_evict_key is not None:
+            cls, priority = victim.mamba_evict_key[0], victim.mamba_evict_key[1]
+            self._clock[cls] = max(self._clock[cls], priority)  # the class ages to its victim
         self._evicted(victim)
         return victim
 
