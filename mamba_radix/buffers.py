@@ -99,10 +99,13 @@ class BufferStrategy:
         """The length of the newest state ``req`` can hand to the tree now, or ``None``."""
         return req.kv_len if self.caches else None
 
-    def unfinished_tree_slot(self, req: Req, pool: HybridReqToTokenPool, new_slot: int) -> tuple[int, bool]:
+    def unfinished_tree_slot(
+        self, req: Req, pool: HybridReqToTokenPool, new_slot: int, check: bool = True
+    ) -> tuple[int, bool]:
         """Mid-request hand-over, given a fresh slot ``new_slot``: returns ``(slot for the tree, copied)``.
         ``copied``: the live state must be copied into the returned slot (no_buffer); otherwise the
-        tracked slot is donated and ``new_slot`` takes its place in the request's buffer."""
+        tracked slot is donated and ``new_slot`` takes its place in the request's buffer. ``check``:
+        passed on to the pool (``False``: the caller validated ``req`` and allocated ``new_slot``)."""
         return new_slot, True
 
     def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
@@ -148,8 +151,10 @@ class ExtraBuffer(BufferStrategy):
     def checkpoint_len(self, req: Req) -> int | None:
         return req.mamba_last_track_seqlen
 
-    def unfinished_tree_slot(self, req: Req, pool: HybridReqToTokenPool, new_slot: int) -> tuple[int, bool]:
-        return pool.donate_ping_pong_slot(req, new_slot), False
+    def unfinished_tree_slot(
+        self, req: Req, pool: HybridReqToTokenPool, new_slot: int, check: bool = True
+    ) -> tuple[int, bool]:
+        return pool.donate_ping_pong_slot(req, new_slot, check), False
 
     def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
         buffer = req.mamba_ping_pong_track_buffer

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 from weakref import WeakKeyDictionary
 
@@ -417,7 +418,8 @@ class RequestLifecycle:
             req.prefill_chunks += 1
         hand_over = plan.is_prefill or (self.config.mamba_decode_insert and plan.track_len is not None)
         if hand_over and not finished:
-            self.cache_unfinished_req(req)
+            with self._validated(req):  # checked above: the hand-over does not check it again
+                self.cache_unfinished_req(req)
 
     def finish(self: MambaRadixCache, req: Req, insert: bool = True) -> None:
         """Finish ``req``: :meth:`cache_finished_req` (the newest checkpoint and the KV before it to the
@@ -437,7 +439,8 @@ class RequestLifecycle:
         if plan is not None:
             req.pending_plan = None
             self.token_to_kv_pool_allocator.free(plan.kv_indices)
-        self.cache_finished_req(req, is_insert=insert)
+        with self._validated(req):  # checked above: cache_finished_req does not check it again
+            self.cache_finished_req(req, is_insert=insert)
         self.req_to_token_pool.free(req)
         self.reserved_kv_tokens -= req.kv_reserved_tokens
         req.kv_reserved_tokens = 0
@@ -483,6 +486,21 @@ class RequestLifecycle:
                 "only indices from the allocator into req_to_token"
             )
 
+    @contextmanager
+    def _validated(self: MambaRadixCache, req: Req) -> Iterator[None]:
+        """Within: ``req`` was validated by the lifecycle call running now (:meth:`commit`,
+        :meth:`finish`), so the SGLang-named call it makes skips re-validating the request and its KV
+        (validate once at the public edge). Requests are handled one call at a time, so one slot
+        suffices; it is cleared on the way out, whatever happens."""
+        self.__dict__["_validated_req"] = req
+        try:
+            yield
+        finally:
+            self.__dict__["_validated_req"] = None
+
+    def _is_validated(self: MambaRadixCache, req: Req) -> bool:
+        return self.__dict__.get("_validated_req") is req
+
     def cache_unfinished_req(self: MambaRadixCache, req: Req) -> None:
         """Hand a running request's newest checkpoint and the KV before it to the tree (SGLang's call,
         after a prefill chunk; :meth:`commit` makes it).
@@ -494,18 +512,27 @@ class RequestLifecycle:
         row rewritten with the tree's indices), the lock moves to the new node and
         ``cache_protected_len`` becomes ``cache_len``. If no slot can be had even after eviction the
         checkpoint is skipped (``stats.checkpoints_skipped``) and the KV stays the request's.
-        Validates the request and its KV before changing anything. O(L + path * log n).
+        Validates the request and its KV before changing anything (not again when :meth:`commit`,
+        which validated the request just before, makes the call: its row holds only indices the
+        lifecycle allocated). O(new tokens + path nodes * log n).
         """
-        row = self._row(req, "cache_unfinished_req")
+        check = not self._is_validated(req)
+        if check:
+            row = self._row(req, "cache_unfinished_req")
+        else:
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         cache_len = self._admitted(req, self._checkpoint_len(req, "cache_unfinished_req"))
         protected = req.cache_protected_len
         if cache_len is not None and cache_len > protected:
             span = row[protected:cache_len]  # a view of the row, int32
-            self._check_request_kv(req, span, "cache_unfinished_req")
-            self._insert_checkpoint(req, span, cache_len)
+            if check:
+                self._check_request_kv(req, span, "cache_unfinished_req")
+            self._insert_checkpoint(req, span, cache_len, check)
         req.mamba_last_track_seqlen = None
 
-    def _insert_checkpoint(self: MambaRadixCache, req: Req, span: torch.Tensor, cache_len: int) -> None:
+    def _insert_checkpoint(
+        self: MambaRadixCache, req: Req, span: torch.Tensor, cache_len: int, check: bool = True
+    ) -> None:
         """Hand the state at ``cache_len`` and the KV ``span`` (the row's ``[cache_protected_len,
         cache_len)``, validated) to the tree, walking from ``req.last_node``. Only where the tree held
         tokens already (their duplicates freed) is the row rewritten: O(new tokens + path nodes * log n)."""
@@ -513,7 +540,7 @@ class RequestLifecycle:
         if new_slot is None:
             self.stats.checkpoints_skipped += 1
             return
-        tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot)
+        tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot, check)
         if copy:
             assert req.mamba_pool_idx is not None
             self.mamba_pool.copy_from([req.mamba_pool_idx], [tree_slot], check=False)  # a fresh slot
@@ -545,9 +572,15 @@ class RequestLifecycle:
         (``req.mamba_lazy_is_insert`` False). KV past the checkpoint (``[cache_len, kv_len)``) is freed:
         no state exists there. Every slot the request still holds is freed, its lock released and
         ``req.last_node`` cleared. The request row stays (the engine frees it). Validates the request and
-        its KV before changing anything. O(new tokens + path nodes * log n).
+        its KV before changing anything (not again when :meth:`finish`, which validated the request just
+        before, makes the call: the request's own KV and slots are then freed trusted).
+        O(new tokens + path nodes * log n).
         """
-        row = self._row(req, "cache_finished_req")
+        check = not self._is_validated(req)
+        if check:
+            row = self._row(req, "cache_finished_req")
+        else:  # finish validated the request just before
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         protected = req.cache_protected_len
         cache_len = protected
         if not self.buffer.caches:
@@ -557,7 +590,8 @@ class RequestLifecycle:
         elif is_insert:
             cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
         own_kv = row[protected : req.kv_len]  # the request's KV, [protected, kv_len): a view, int32
-        self._check_request_kv(req, own_kv, "cache_finished_req")
+        if check:
+            self._check_request_kv(req, own_kv, "cache_finished_req")
         node = req.last_node
         assert node is not None
         keep: int | None = None
@@ -568,8 +602,8 @@ class RequestLifecycle:
             result, _ = self._insert_below(node, suffix, kv, tree_slot)
             keep = None if result.mamba_exists else tree_slot
         if req.kv_len > cache_len:
-            self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64))
-        self.req_to_token_pool.free_mamba_cache(req, keep=keep)
+            self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64), check)
+        self.req_to_token_pool.free_mamba_cache(req, keep=keep, check=check)
         self.tree.dec_lock_ref(node)
         req.last_node = None
         req.mamba_last_track_seqlen = None

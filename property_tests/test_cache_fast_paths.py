@@ -208,3 +208,36 @@ def test_a_refused_decode_extend_keeps_no_checked_tokens() -> None:
     cache.commit(plan)
     cache.finish(req)
     assert [[*prompt, 60, 70]] == [tokens for tokens, _ in _paths(cache) if len(tokens) == 8]
+
+
+def test_trusted_donation_and_release_leave_the_pool_as_the_checked_ones() -> None:
+    """donate_ping_pong_slot and free_mamba_cache with check=False (the lifecycle's calls) update the
+    mirror, the owner records and the device mappings exactly as the checked calls do."""
+    from mamba_radix.pools import HybridReqToTokenPool
+
+    def pool_state(pool: HybridReqToTokenPool, req: Req) -> tuple:
+        return (
+            dict(pool._slot_row),
+            [list(t) for t in pool._row_track],
+            list(pool._row_live),
+            pool.num_reserved_slots(),
+            pool.req_index_to_mamba_index_mapping.tolist(),
+            pool.req_index_to_mamba_ping_pong_track_buffer_mapping.tolist(),
+            pool.mamba_pool.allocated_slots().tolist(),
+            req.mamba_ping_pong_track_buffer,
+            req.mamba_pool_idx,
+        )
+
+    states = []
+    for check in (True, False):
+        config = CacheConfig(mamba_radix_cache_strategy="extra_buffer")
+        pool = HybridReqToTokenPool(3, 16, MambaPool(12, 1, [(2,)], (2,)), config)
+        req = Req(rid=1, origin_input_ids=[1, 2])
+        pool.alloc([req])
+        fresh = int(pool.mamba_pool.alloc(1)[0])
+        donated = pool.donate_ping_pong_slot(req, fresh, check)
+        pool.mamba_pool.free([donated])
+        mid = pool_state(pool, req)
+        pool.free_mamba_cache(req, keep=fresh, check=check)
+        states.append((donated, mid, pool_state(pool, req)))
+    assert states[0] == states[1]

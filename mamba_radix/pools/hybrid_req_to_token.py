@@ -340,15 +340,18 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if isinstance(req, Req):
             req.req_pool_idx = None
 
-    def free_mamba_cache(self, req: Req, keep: int | None = None) -> None:
+    def free_mamba_cache(self, req: Req, keep: int | None = None, check: bool = True) -> None:
         """Free the live slot and the track slots of ``req`` except ``keep`` (skipping ``-1`` entries),
         then clear ``req.mamba_pool_idx``, ``req.mamba_ping_pong_track_buffer`` and
         ``req.mamba_next_track_idx``. ``keep`` (a slot donated to the tree) must be one of them.
 
         Raises :class:`InvalidArgument` / :class:`InvalidIndex` and changes nothing otherwise, or when
-        ``req`` carries slots the pool does not record as its own. O(P).
+        ``req`` carries slots the pool does not record as its own. O(P). ``check=False`` is for the
+        cache's lifecycle, which validated ``req``: the holder check is skipped and the slots freed
+        trusted.
         """
-        self._check_holder(req, "free_mamba_cache")
+        if check:
+            self._check_holder(req, "free_mamba_cache")
         held = self._slots_of(req)
         if keep is not None:
             if type(keep) is not int or keep not in held:
@@ -357,7 +360,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
                     "pass the live slot or a track slot, or None"
                 )
             held.remove(keep)
-        self.mamba_pool.free(held)
+        self.mamba_pool.free(held, check)
         req.mamba_pool_idx = None
         req.mamba_ping_pong_track_buffer = None
         req.mamba_next_track_idx = 0
@@ -379,10 +382,33 @@ class HybridReqToTokenPool(ReqToTokenPool):
             return req.mamba_next_track_idx
         return self.ping_pong_other_idx(req.mamba_next_track_idx)
 
-    def donate_ping_pong_slot(self, req: Req, new_slot: int) -> int:
+    def donate_ping_pong_slot(self, req: Req, new_slot: int, check: bool = True) -> int:
         """Give away the keep entry's slot (returned) and put ``new_slot`` (allocated by the caller and
         held by no running request) in its place. The number of slots the request holds is unchanged.
-        Raises :class:`InvalidArgument` / :class:`InvalidIndex`, nothing changed, otherwise. O(1)."""
+        Raises :class:`InvalidArgument` / :class:`InvalidIndex`, nothing changed, otherwise. O(1).
+
+        ``check=False`` is for the cache's lifecycle, which validated ``req`` and allocated ``new_slot``
+        itself: no holder or slot checks, and the mirror and mappings are updated in one entry."""
+        if not check:
+            buffer = req.mamba_ping_pong_track_buffer
+            assert buffer is not None
+            keep_idx = self.ping_pong_keep_idx(req)
+            donated = buffer[keep_idx]
+            if donated == NO_SLOT:
+                raise InvalidArgument(
+                    f"request {req.rid!r} has no slot in ping-pong entry {keep_idx} to donate"
+                )
+            row = req.req_pool_idx
+            assert row is not None
+            buffer[keep_idx] = new_slot
+            self._row_track[row][keep_idx] = new_slot
+            self._slot_row.pop(donated, None)
+            self._slot_row[new_slot] = row
+            if self._track_np is not None:
+                self._track_np[row, keep_idx] = new_slot
+            else:
+                self.req_index_to_mamba_ping_pong_track_buffer_mapping[row, keep_idx] = new_slot
+            return donated
         self._check_holder(req, "donate_ping_pong_slot")
         buffer = self._track_buffer(req)
         keep_idx = self.ping_pong_keep_idx(req)
