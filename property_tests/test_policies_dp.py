@@ -284,3 +284,18 @@ def test_a_demand_node_created_after_an_earlier_demand_below_it_is_dropped_not_m
     reqs = [TraceRequest.from_tokens(i, float(i), t, [50_000 + i]) for i, t in enumerate([a, a, b, c, a])]
     forest = forest_from_trace(config, reqs)
     assert (forest.parent, forest.depth, forest.weight) == ((-1,), (256,), (2,))
+
+
+def test_tables_past_the_limit_are_refused_before_they_are_built() -> None:
+    # a comb: a 1,000-node spine with a leaf on every spine node; ~n^3 / 3 table entries at a full budget
+    parent, depth = [], []
+    for i in range(1000):
+        spine = len(parent)
+        parent.append(spine - 2 if i else -1)
+        depth.append((i + 1) * GRID)
+        parent.append(spine)
+        depth.append((i + 1) * GRID + 1)
+    comb = PrefixForest(parent, depth, [1] * len(parent))
+    with pytest.raises(InvalidArgument, match="lower the budget"):
+        optimal_placement(comb, 2000)
+    assert optimal_placement(comb, 2).value > 0  # a small budget fits
