@@ -56,10 +56,8 @@ ROOT_ID = 0
 _LINEAR_TOKENS = 8
 _TOKEN_BYTES = 8  # int64
 # prefix_len_in's thresholds (module constants so the property test can shrink them to reach every path):
-# tokens copied per compare window (64 KiB, below glibc's default mmap threshold of 128 KiB, so a window
-# reuses heap memory instead of faulting in fresh pages); from how many tokens numpy compares zero-copy
-# views instead (measured: 0.33 ms per 1M tokens against 0.52 ms for windows); tokens per numpy chunk.
-_WINDOW_TOKENS = 8192
+# from how many tokens numpy compares zero-copy views instead of a scratch copy and memcmp (measured per
+# 1M tokens: 0.33 ms in place, 0.6 ms copy and compare), and tokens per numpy chunk (a 64 KiB mask).
 _NUMPY_MIN_TOKENS = 32768
 _NUMPY_CHUNK_TOKENS = 65536
 
@@ -228,46 +226,52 @@ def child_key(tokens: Sequence[int], start: int, page_size: int, extra_key: str 
     return first if extra_key is None else (extra_key, first)
 
 
-def prefix_len_bytes(node_key: TokenIds | array | memoryview, haystack: bytes, start: int) -> int:
-    """Length of the common prefix of ``node_key`` and the tokens ``haystack`` holds from token ``start``
-    (``haystack``: int64 bytes, ``tokens.tobytes()``). Equal to :func:`common_prefix_len_reference`.
+def prefix_len_bytes(
+    node_key: TokenIds | array | memoryview, haystack: bytes | bytearray, start: int, end: int | None = None
+) -> int:
+    """Length of the common prefix of ``node_key`` and the tokens ``haystack`` holds in ``[start, end)``
+    (``haystack``: int64 bytes, ``tokens.tobytes()`` or a scratch buffer; ``end`` in tokens, the whole
+    haystack by default). Equal to :func:`common_prefix_len_reference` (a property test checks it).
 
-    No copy: ``bytes.startswith`` compares the key's buffer (or a ``memoryview`` window of it) in place
-    with ``memcmp``. A whole-edge match is one call; a mismatch is found by halving the window still in
+    No copy: ``startswith`` compares the key's buffer (or a ``memoryview`` window of it) in place with
+    ``memcmp``. A whole-edge match is one call; a mismatch is found by halving the window still in
     doubt, then token by token over the last few. O(n) bytes compared, O(log n) Python steps.
     """
-    n = min(len(node_key), len(haystack) // _TOKEN_BYTES - start)
+    total = len(haystack) // _TOKEN_BYTES if end is None else end
+    n = min(len(node_key), total - start)
     if n <= 0:
         return 0
-    offset = start * _TOKEN_BYTES
+    offset, stop = start * _TOKEN_BYTES, total * _TOKEN_BYTES
     whole = node_key if n == len(node_key) else memoryview(node_key)[:n]
-    if haystack.startswith(whole, offset):
+    if haystack.startswith(whole, offset, stop):
         return n
     view = memoryview(node_key)
     lo, hi = 0, n  # key[:lo] matches; key[lo:hi] holds the first mismatch
     while hi - lo > _LINEAR_TOKENS:
         mid = (lo + hi) // 2
-        if haystack.startswith(view[lo:mid], offset + lo * _TOKEN_BYTES):
+        if haystack.startswith(view[lo:mid], offset + lo * _TOKEN_BYTES, stop):
             lo = mid
         else:
             hi = mid
-    while haystack.startswith(view[lo : lo + 1], offset + lo * _TOKEN_BYTES):
+    while haystack.startswith(view[lo : lo + 1], offset + lo * _TOKEN_BYTES, stop):
         lo += 1
     return lo
 
 
-def prefix_len_in(node_key: TokenIds | array, tokens: memoryview, start: int) -> int:
+def prefix_len_in(
+    node_key: TokenIds | array, tokens: memoryview, start: int, scratch: bytearray | None = None
+) -> int:
     """Length of the common prefix of ``node_key`` and ``tokens[start:]``; ``tokens``: a ``memoryview`` of
-    an int64 array (``memoryview(key.token_ids)``, made once per walk). The fast path of
-    :func:`common_prefix_len`, equal to :func:`common_prefix_len_reference` (a property test checks it).
+    an int64 array. The fast path of :func:`common_prefix_len` for one edge of a long key, equal to
+    :func:`common_prefix_len_reference` (a property test checks it).
 
-    Nothing of the size of the key is allocated: a fresh multi-MiB buffer page-faults its way in, and
-    on this kind of VM 2,048 faults (an 8 MiB copy of a 1M-token key) cost about 12 ms, twenty times
-    the compare. So: below :data:`_NUMPY_MIN_TOKENS` tokens, windows of at most
-    :data:`_WINDOW_TOKENS` tokens (64 KiB, below glibc's mmap threshold: reused heap memory) are copied
-    out and compared by :func:`prefix_len_bytes`; from there on, numpy compares zero-copy views of both
-    buffers in chunks of :data:`_NUMPY_CHUNK_TOKENS` (one 64 KiB mask each) and ``argmin`` finds the
-    first mismatch. O(n) (n = the shorter length), O(n / 8k + log n) Python steps.
+    Nothing is allocated per call: a fresh buffer of more than 64 KiB page-faults its way in (glibc
+    maps it, or trims it off the heap when freed), and on this kind of VM a fault costs about 6 us, far
+    more than comparing the page. So an overlap shorter than :data:`_NUMPY_MIN_TOKENS` tokens is copied
+    into ``scratch`` (a reused buffer of at least that many int64s; one is allocated if it is missing
+    or too small) and compared there by :func:`prefix_len_bytes`; a longer one is compared in place by
+    numpy on zero-copy views of both buffers, in chunks of :data:`_NUMPY_CHUNK_TOKENS` (one small mask
+    each), ``argmin`` finding the first mismatch. O(n) (n = the shorter length).
     """
     n = min(len(node_key), len(tokens) - start)
     if n <= 0:
@@ -283,16 +287,11 @@ def prefix_len_in(node_key: TokenIds | array, tokens: memoryview, start: int) ->
                 return i + int(same.argmin())
             i = j
         return n
-    done = 0
-    while done < n:
-        m = min(_WINDOW_TOKENS, n - done)
-        window = tokens[start + done : start + done + m].tobytes()
-        part = node_key if done == 0 and m == len(node_key) else memoryview(node_key)[done : done + m]
-        matched = prefix_len_bytes(part, window, 0)
-        if matched < m:
-            return done + matched
-        done += m
-    return n
+    nbytes = n * _TOKEN_BYTES
+    if scratch is None or len(scratch) < nbytes:
+        scratch = bytearray(nbytes)
+    memoryview(scratch)[:nbytes] = tokens[start : start + n].cast("B")
+    return prefix_len_bytes(node_key, scratch, 0, n)
 
 
 def common_prefix_len(node_key: Sequence[int], tokens: Sequence[int], start: int) -> int:

@@ -42,8 +42,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch"]
 
-# Keys up to this many tokens (64 KiB) are copied to bytes once per walk; longer ones never are
-_ONE_COPY_TOKENS = 8192
+# Tokens of the walk's scratch buffer (256 KiB, one per tree, reused: no allocation per walk). A key up
+# to this long is copied into it once per walk; a longer one is compared edge by edge (prefix_len_in).
+_SCRATCH_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,9 @@ class RadixTree:
         # the empty KV an insert that duplicates nothing hands back: one shared tensor, as nothing can
         # be written into zero elements (torch.empty costs ~2 us a call)
         self._no_kv = _empty_kv(self.device)
+        # the walk's scratch buffer: a walk copies its key's int64 bytes here (so a tree is not safe to
+        # walk from two threads at once; nothing in it is)
+        self._scratch = bytearray(_SCRATCH_TOKENS * 8)
         self.policy = policy if policy is not None else CachePolicy()
         self.policy.bind(self)
         self._prefix_fps = self.policy.needs_prefix_fingerprints
@@ -258,19 +262,25 @@ class RadixTree:
         if child is None:  # a miss at the first edge: no bytes needed
             return path, 0, 0
         view = memoryview(tokens)[:num_tokens]
-        # A key of one window is copied once and every edge compared in it in place; a longer one is
-        # compared edge by edge without a copy of its size (see prefix_len_in)
-        haystack = view.tobytes() if num_tokens <= _ONE_COPY_TOKENS else None
+        # A key that fits the scratch buffer is copied into it once (no allocation) and every edge is
+        # compared there in place; a longer one edge by edge (prefix_len_in: numpy in place on long edges)
+        scratch = self._scratch
+        nbytes = num_tokens * 8
+        if nbytes <= len(scratch):
+            memoryview(scratch)[:nbytes] = view.cast("B")
+            haystack: bytearray | None = scratch
+        else:
+            haystack = None
         pos = 0
         while True:
             edge = child.key
             n = len(edge)
             # the common case inline: the whole edge matches (one memcmp, no call); else find where not
-            if haystack is None or pos + n > num_tokens or not haystack.startswith(edge, pos * 8):
+            if haystack is None or pos + n > num_tokens or not haystack.startswith(edge, pos * 8, nbytes):
                 n = (
-                    prefix_len_in(edge, view, pos)
+                    prefix_len_in(edge, view, pos, scratch)
                     if haystack is None
-                    else prefix_len_bytes(edge, haystack, pos)
+                    else prefix_len_bytes(edge, haystack, pos, num_tokens)
                 )
                 if page > 1:
                     n -= n % page
