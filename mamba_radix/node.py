@@ -89,6 +89,12 @@ class TokenIds(array):
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like array
 
+    def __copy__(self) -> TokenIds:  # array's copy would return a plain array('q')
+        return TokenIds("q", self)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> TokenIds:
+        return TokenIds("q", self)
+
 
 def as_token_ids(tokens: Sequence[int] | array | memoryview) -> TokenIds:
     """``tokens`` as a fresh :class:`TokenIds` (never shared with the caller, who may change theirs).

@@ -5,7 +5,9 @@ the windowed and numpy paths."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import operator
+import pickle
 from array import array
 from collections.abc import Iterator
 
@@ -111,6 +113,8 @@ def test_token_ids_compare_like_a_tuple() -> None:
     assert np.asarray(ids).dtype == np.int64 and np.asarray(ids).tolist() == [4, 5, 6]
     with pytest.raises(TypeError):
         hash(ids)
+    for twin in (copy.copy(ids), copy.deepcopy(ids), pickle.loads(pickle.dumps(ids))):
+        assert type(twin) is TokenIds and twin == (4, 5, 6) and twin is not ids
 
 
 def test_as_token_ids_copies_every_input_kind() -> None:
