@@ -136,7 +136,7 @@ class FreeList:
         else:
             self._pre_merge = None
         self._head = end
-        ids = self._buf[head:end]
+        ids = self._slice(head, end)
         self._mark(head, end, ids)
         return ids
 
@@ -326,6 +326,10 @@ class FreeList:
     def _buf_view(self) -> torch.Tensor:
         return self._buf[self._head :]
 
+    def _slice(self, head: int, end: int) -> torch.Tensor:
+        """``_buf[head:end]``, a view of the buffer (what ``alloc`` returns)."""
+        return self._buf[head:end]
+
     def _cat(self, chunks: list) -> torch.Tensor:
         return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
 
@@ -365,6 +369,10 @@ class HostFreeList(FreeList):
 
     def _mark(self, head: int, end: int, ids: torch.Tensor) -> None:
         self._alloc_np[self._buf_np[head:end]] = True
+
+    def _slice(self, head: int, end: int) -> torch.Tensor:
+        # the same memory as _buf[head:end], built from the numpy view (~1.4 us instead of ~2.3)
+        return torch.from_numpy(self._buf_np[head:end])
 
     def is_id_allocated(self, i: int) -> bool:
         """As :meth:`FreeList.is_id_allocated`, read through the numpy view (~0.1 us)."""
@@ -427,6 +435,21 @@ class HostFreeList(FreeList):
         divided = divided[scratch.take(divided) == ranks]
         self._alloc_np[divided] = False
         self._park(divided, len(divided))
+
+    def _park(self, chunk: object, count: int) -> None:
+        """As :meth:`FreeList._park`, coalescing consecutive small frees (lists of ints) into one list:
+        a pool that frees and takes one slot at a time (the state pool, nearly full of checkpoints)
+        then converts one list per merge instead of one per free. Order is kept."""
+        self._pre_merge = None  # a free since the last alloc: undo_alloc falls back to a plain free
+        target = self._group if self._group is not None else self._released
+        if type(chunk) is list and target and type(target[-1]) is list:
+            target[-1].extend(chunk)
+        else:
+            target.append(chunk)
+        if self._group is not None:
+            self._num_in_group += count
+        else:
+            self._num_released += count
 
     def _py_all_allocated(self, vals: list[int]) -> bool:
         alloc, high = self._alloc_np, self.num_ids
