@@ -86,7 +86,7 @@ def base_config() -> CacheConfig:
 @dataclass(frozen=True)
 class Workload:
     """One workload of a definition: a trace file (``trace``, ``trace_format``, ``block_size``) or a
-    seeded synthetic generator (``synthetic``, ``seed``, ``args`` as sorted key-value pairs), its first
+    seeded synthetic generator (``synthetic``, ``seed``, ``args``: its keywords as JSON text), its first
     ``limit`` requests (``None``: all), and the points of each regime."""
 
     name: str
@@ -98,7 +98,7 @@ class Workload:
     block_size: int = 512
     synthetic: str | None = None
     seed: int = 0
-    args: tuple[tuple[str, Any], ...] = ()
+    args: str = "{}"
     limit: int | None = None
 
     def describe(self) -> str:
@@ -205,7 +205,7 @@ def _check_workload(i: int, w: Any, base_dir: Path, problems: list[str]) -> Work
     where = f"workload {name!r}"
     n0 = len(problems)
     trace, synthetic = w.get("trace"), w.get("synthetic")
-    seed, args = 0, ()
+    seed, args = 0, "{}"
     if (trace is None) == (synthetic is None):
         problems.append(f"{where}: give exactly one of 'trace' (a file) and 'synthetic' (a generator)")
     elif trace is not None:
@@ -237,7 +237,15 @@ def _check_workload(i: int, w: Any, base_dir: Path, problems: list[str]) -> Work
             if not isinstance(raw_args, dict):
                 problems.append(f"{where}: synthetic args must be an object (the generator's keywords)")
             else:
-                args = tuple(sorted(raw_args.items()))
+                import inspect
+
+                from mamba_radix.sim.synthetic import GENERATORS
+
+                try:  # the keywords are the generator's (their values it checks when it runs)
+                    inspect.signature(GENERATORS[synthetic["generator"]]).bind(seed=0, **raw_args)
+                except TypeError as exc:
+                    problems.append(f"{where}: synthetic args: {exc}")
+                args = json.dumps(raw_args, sort_keys=True)
             synthetic = synthetic["generator"]
     fmt = w.get("trace_format", "block")
     if fmt not in ("block", "token", "auto"):
@@ -384,7 +392,7 @@ def load_requests(workload: Workload) -> tuple[Any, ...]:
     if workload.synthetic is not None:
         from mamba_radix.sim.synthetic import GENERATORS
 
-        requests = tuple(GENERATORS[workload.synthetic](seed=workload.seed, **dict(workload.args)))
+        requests = tuple(GENERATORS[workload.synthetic](seed=workload.seed, **json.loads(workload.args)))
         if workload.limit:
             requests = requests[: workload.limit]
     else:
@@ -564,9 +572,9 @@ def run_policy_experiment(
     from mamba_radix.sim.progress import Progress
 
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    sizes, plan = plan_tasks(experiment)
+    sizes, plan = plan_tasks(experiment)  # a workload that cannot load fails here, before any file exists
+    folder.mkdir(parents=True, exist_ok=True)
     by_name = {w.name: w for w in experiment.workloads}
     total_runs = len(experiment.workloads) + len(plan) * len(experiment.policies)
     total_requests = sum(sizes.values()) + sum(sizes[w.name] for w, *_ in plan) * len(experiment.policies)

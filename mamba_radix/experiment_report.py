@@ -157,6 +157,25 @@ def reference_comparison(
     return lines
 
 
+def _short_count(n: int) -> str:
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e4 else f"{n:,}"
+
+
+def _fixed_short(sub: Sequence[dict[str, Any]], regime: str) -> str:
+    """The panel title: what varies and the fixed pool, in two short lines."""
+    r = sub[0]
+    if regime == "slots bind":
+        return (
+            f"slots bind: state slots vary\nKV fixed: {_short_count(r['kv_tokens'])} tokens, "
+            f"{r['kv_gib']:.3g} GiB (every token: never evicts)"
+        )
+    per = r["state_slots"] // max(1, r["requests"])
+    return (
+        f"KV binds: KV pool varies\nstate slots fixed: {r['state_slots']:,}, {r['state_gib']:.3g} GiB "
+        f"({per}+ per request: never short)"
+    )
+
+
 def _fixed_text(sub: Sequence[dict[str, Any]], regime: str, info: dict[str, Any]) -> str:
     r = sub[0]
     if regime == "slots bind":
@@ -355,7 +374,7 @@ def _panel(
         sub[0]["infinite_hit_rate"],
         linestyle="--",
         color="gray",
-        label="infinite (same config, pools never evict)",
+        label=f"infinite ({BASELINE} config, pools never evict)",
     )
     ax.axhline(
         sub[0]["ideal_hit_rate"],
@@ -372,7 +391,7 @@ def _panel(
     ax.set_xticklabels([f"{x:.3g}\n{_count_label(r, regime)}" for x, r in xs], fontsize=7 if small else 8)
     what = "state-slot memory" if regime == "slots bind" else "KV memory"
     ax.set_xlabel(f"{what}, GiB (log scale)", fontsize=8 if small else 9)
-    ax.set_title(f"{regime}: {_fixed_text(sub, regime, info)}", fontsize=7 if small else 8.5)
+    ax.set_title(_fixed_short(sub, regime), fontsize=7.5 if small else 9)
     ax.grid(alpha=0.3)
 
 
@@ -392,7 +411,7 @@ def plot_workload(folder: Path, rows: Sequence[dict[str, Any]], info: dict[str, 
         + [r["infinite_hit_rate"] for r in sub_w]
     )
     y_top = 0.5 if top < 0.45 else 1.0
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6), sharey=True)
     for ax, regime in zip(axes, REGIMES, strict=True):
         sub = sorted((r for r in sub_w if r["regime"] == regime), key=lambda r: r["point"])
         if sub:
@@ -402,14 +421,14 @@ def plot_workload(folder: Path, rows: Sequence[dict[str, Any]], info: dict[str, 
     axes[0].set_ylim(0, y_top)
     axes[0].set_ylabel("token hit rate" + ("" if y_top == 1.0 else " (axis 0 to 0.5, both panels)"))
     handles, labels = axes[0].get_legend_handles_labels() if sub_w else ([], [])
-    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(0.835, 0.5))
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=5)
     n = sub_w[0]["requests"] if sub_w else 0
     fig.suptitle(
         f"{workload} ({n:,} requests, sequential, extra_buffer, {info.get('model', '')} bytes): "
         "token hit rate against memory, every policy, the oracle, infinite and ideal",
         fontsize=10,
     )
-    fig.tight_layout(rect=(0, 0, 0.83, 0.95))
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     name = f"{workload}.png"
     fig.savefig(folder / name, dpi=110)
     plt.close(fig)
@@ -436,7 +455,7 @@ def plot_overview(folder: Path, rows: Sequence[dict[str, Any]], info: dict[str, 
             )
             if sub:
                 _panel(ax, sub, regime, policies, info, small=True)
-                ax.set_title(f"{w}, {ax.get_title()}", fontsize=7)
+                ax.set_title(f"{w}, {ax.get_title()}", fontsize=7.5)
         row_axes[0].set_ylabel(f"{w}\ntoken hit rate (0-1)", fontsize=9)
     axes[0][0].set_ylim(0, 1)
     handles, labels = axes[0][0].get_legend_handles_labels()

@@ -50,6 +50,8 @@ def test_a_definition_with_problems_names_each_on_its_own_line(tmp_path: Path) -
              "kv_binds": {"kv_fractions": [0.5]}},
             {"name": "b", "trace": "no_such.jsonl", "slots_bind": {"state_slots": [8]},
              "kv_binds": {"kv_fractions": [0, 2]}},
+            {"name": "c", "synthetic": {"generator": "chat", "args": {"bogus": 1}},
+             "slots_bind": {"state_slots": [8]}, "kv_binds": {"kv_fractions": [0.5]}},
         ],
     }  # fmt: skip
     path = tmp_path / "bad.json"
@@ -65,9 +67,10 @@ def test_a_definition_with_problems_names_each_on_its_own_line(tmp_path: Path) -
         "workload 'a': 'synthetic' must be",
         "workload 'b': trace file not found",
         "kv_fractions must be a non-empty list of numbers in (0, 1]",
+        "workload 'c': synthetic args: got an unexpected keyword argument 'bogus'",
     ):
         assert words in text, (words, problems)
-    assert len(problems) == len(set(problems)) >= 6
+    assert len(problems) == len(set(problems)) >= 7
 
 
 def test_only_and_with_limit_cut_the_experiment_and_refuse_unknown_names() -> None:
