@@ -376,3 +376,23 @@ def test_a_refused_admission_leaves_no_trace(short_of: str) -> None:
     before = _tree_state(cache), engine.mamba_pool.available_size(), engine.kv_pool.available_size()
     assert engine._try_admit(newcomer, 0.0) == short_of
     assert (_tree_state(cache), engine.mamba_pool.available_size(), engine.kv_pool.available_size()) == before
+
+
+def test_verification_off_skips_the_stamps_and_changes_no_result() -> None:
+    """Without verify_states no fingerprint is computed and no stamp written; every metric, per-request
+    row and cache counter is the verified run's."""
+    reqs = GENERATORS["tree"](
+        seed=3, num_trees=2, depth=2, fanout=2, root_len=60, segment_len=30, output_len=20
+    )
+    outs = []
+    for verify in (True, False):
+        config = CacheConfig(**(SMALL | {"mamba_radix_cache_strategy": "extra_buffer"}))
+        options = EngineOptions(
+            mode="timed", keep_per_request=True, verify_states=verify, check_invariants_every=1
+        )
+        engine = Engine(config, pools(2_000, 40), max(r.input_len + r.output_len for r in reqs), options)
+        metrics = engine.run(reqs, total=len(reqs))
+        stamped = any(t.abs().sum() > 0 for t in engine.mamba_pool.tensors)
+        outs.append((metrics.summary(), metrics.per_request, engine.cache_stats(), stamped))
+    assert outs[0][:3] == outs[1][:3]
+    assert outs[0][3] and not outs[1][3]  # the verified run stamped its slots, the other wrote nothing

@@ -23,7 +23,9 @@ summarises at every chunk end and decode event, the track slot at the tracked le
 prefix fingerprints are computed once at admission (vectorised), so a stamp costs O(1) whatever the chunk
 length. With ``verify_states`` every prefill chunk and decode segment first checks that the live slot
 holds the stamp of exactly the tokens before it: a hit that returned the wrong checkpoint, a copy-on-write
-that copied the wrong slot or a donation that lost a state is caught at once.
+that copied the wrong slot or a donation that lost a state is caught at once. Without ``verify_states``
+no fingerprint is computed and no stamp written (nothing would read them), which saves the simulator
+its largest cost per token.
 
 **Decode jumps.** Decode is not simulated token by token. Every decoding request advances one token per
 global decode step, but the engine only touches a request at its own events (the next track boundary or
@@ -185,7 +187,9 @@ class _SimReq:
     input_ids: list[int]
     output_ids: list[int]
     final_kv_len: int  # KV committed at finish: input + output - 1 (the last token's KV is never computed)
-    prefix_fp: PrefixFingerprints  # fingerprint of every prefix of input + output: the stamps' contents
+    # fingerprint of every prefix of input + output: the stamps' contents (None without verify_states:
+    # nothing reads a stamp then, so none is computed or written)
+    prefix_fp: PrefixFingerprints | None
     admitted_s: float = 0.0
     sync_step: int = 0  # global decode step at which kv_len was last brought up to date
     event_step: int = 0  # global decode step of this request's next event
@@ -393,7 +397,11 @@ class Engine:
             input_ids=head.input_ids,
             output_ids=output_ids,
             final_kv_len=len(head.input_ids) + max(len(output_ids) - 1, 0),
-            prefix_fp=PrefixFingerprints(np.concatenate([head.input_array, trace.output_array()])),
+            prefix_fp=(
+                PrefixFingerprints(np.concatenate([head.input_array, trace.output_array()]))
+                if self.options.verify_states
+                else None
+            ),
             admitted_s=self.now_s,
         )
         self._head = None
@@ -475,11 +483,15 @@ class Engine:
 
     def _run_model(self, sim: _SimReq, plan: ForwardPlan) -> None:
         """The model's part of a forward: the state at ``plan.end`` into the live slot, the tracked state
-        into the track slot. O(1) (stamps)."""
-        self.stamps.write(plan.live_slot, sim.prefix_fp.at(plan.end), plan.end)
+        into the track slot. O(1) (stamps). Without ``verify_states`` nothing is written: no stamp would
+        ever be read (the slots' contents do not change what the cache does)."""
+        fps = sim.prefix_fp
+        if fps is not None:
+            self.stamps.write(plan.live_slot, fps.at(plan.end), plan.end)
         if plan.track_slot is not None:
             assert plan.track_len is not None
-            self.stamps.write(plan.track_slot, sim.prefix_fp.at(plan.track_len), plan.track_len)
+            if fps is not None:
+                self.stamps.write(plan.track_slot, fps.at(plan.track_len), plan.track_len)
             if not plan.is_prefill:
                 self.metrics.decode_boundaries += 1
 
@@ -488,6 +500,7 @@ class Engine:
         if not self.options.verify_states:
             return
         slot, kv_len = sim.req.mamba_pool_idx, sim.req.kv_len
+        assert sim.prefix_fp is not None  # computed whenever verify_states is on
         want = (sim.prefix_fp.at(kv_len), kv_len)
         if not self.stamps.holds(slot, *want):  # type: ignore[arg-type]
             got = read_stamp(self.mamba_pool, slot)  # the slow reader, for the message
