@@ -177,6 +177,8 @@ class RadixTree:
         self.policy.bind(self)
         self._prefix_fps = self.policy.needs_prefix_fingerprints
         self.index = EvictionIndex(CheckpointOrder.from_config(config), keys=self.policy)
+        # the base policy's keys (not a subclass's): _touch_path re-keys only leaves
+        self._base_policy_keys = type(self.policy) is CachePolicy
         self.full_evictable_size = 0
         self.full_protected_size = 0
         self.mamba_evictable_size = 0
@@ -328,6 +330,17 @@ class RadixTree:
         return new
 
     def _touch_path(self, path: list[TreeNode], now: int) -> None:
+        """Stamp the full recency of ``path``'s nodes. With the base policy only a leaf's candidate key
+        reads ``last_access`` (an internal node is never a full-KV candidate, and its checkpoint key reads
+        ``mamba_last_access``), so only leaves are re-keyed: the other updates would change nothing.
+        A research policy's keys may read anything: every stamped node is re-keyed. O(path * log n)."""
+        if self._base_policy_keys:
+            for node in path:
+                if node.last_access != now:
+                    node.last_access = now
+                    if not node.children:
+                        self.index.update(node)
+            return
         for node in path:
             if node.last_access != now:
                 node.last_access = now
@@ -591,7 +604,8 @@ class RadixTree:
                 self.full_evictable_size -= len(x.key)
                 self.full_protected_size += len(x.key)
                 x.full_lock_ref = 1
-                self.index.update(x)
+                if x is not node:  # node itself is re-keyed once below, with its mamba lock too
+                    self.index.update(x)
             else:
                 x.full_lock_ref += 1
         self.index.update(node)
@@ -618,7 +632,8 @@ class RadixTree:
             if x.full_lock_ref == 0:
                 self.full_protected_size -= len(x.key)
                 self.full_evictable_size += len(x.key)
-                self.index.update(x)
+                if x is not node:  # node itself is re-keyed once below, with its mamba lock too
+                    self.index.update(x)
         self.index.update(node)
 
     # ----------------------------------------------------------------------------------------- eviction
