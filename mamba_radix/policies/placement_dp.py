@@ -76,9 +76,10 @@ small cases the tests cross-check all of these on. ``K`` is the tree's room: ``s
 sequential replay (no placement of that size was ever evicted in ``experiments/dp_check.py``).
 
 Measured (``python experiments/dp_check.py``, 30 random aligned tries of 12 requests, K = 2, 3, 4): the
-oracle reaches 0.934 / 0.967 / 0.993 of the dynamic optimum, the static optimum 0.879 / 0.910 / 0.951,
-the best online policy 0.456 / 0.522 / 0.577; no policy exceeded the dynamic optimum or the oracle, and
-the static optimum beat the oracle in 6 of the 90 cases (MIN keeps a 64-token exact demand used sooner
+oracle reaches 0.934 / 0.967 / 0.993 of the dynamic optimum, the static optimum 0.879 / 0.910 / 0.951;
+no policy of the registry exceeded the dynamic optimum or the oracle, online policies did beat the static
+optimum on the synthetic multi-turn chat (sessions move), and the static optimum beat the oracle in 6 of
+the 90 cases (MIN keeps a 64-token exact demand used sooner
 over a 128-token fallback used later: ``test_a_static_placement_beats_the_oracle_on_a_trie_with_fallbacks``).
 """
 
