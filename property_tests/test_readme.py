@@ -22,3 +22,24 @@ def test_readme_has_python_examples() -> None:
 @pytest.mark.parametrize("index", range(len(_python_blocks())))
 def test_readme_example_runs(index: int, capsys: pytest.CaptureFixture[str]) -> None:
     exec(compile(_python_blocks()[index], f"README.md[python block {index}]", "exec"), {})
+
+
+def test_readme_main_job_numbers_are_the_committed_reference_run() -> None:
+    """The README's fraction-of-oracle table and wall time are those of experiments/reference/default/ (after
+    `make reference`, copy the new table from its report.md)."""
+    import json
+
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Simulator and the default experiment") : text.index("### The command line")]
+    reference = README.parent / "experiments" / "reference" / "default"
+    report = (reference / "report.md").read_text(encoding="utf-8")
+    fraction_rows = [
+        line
+        for line in section.splitlines()
+        if re.match(r"\| [a-z-]+ \| (slots bind|KV binds) \| \d+ \|", line)
+    ]
+    assert len(fraction_rows) >= 10, "the README lost the main job's fraction-of-oracle table"
+    for line in fraction_rows:
+        assert line in report, f"README row not in the reference report: {line}"
+    info = json.loads((reference / "run_info.json").read_text())
+    assert f"{info['wall_s']:.0f} s wall on {info['processes']} processes" in section
