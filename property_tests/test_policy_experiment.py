@@ -226,3 +226,20 @@ def test_the_bundled_reference_is_the_committed_reference_run(tmp_path: Path) ->
     assert {r["policy"] for r in rows} == set(info["policies"]) and info["workloads"]["conversation"][
         "requests"
     ] == 2000
+
+
+def test_the_target_check_writes_its_table(tmp_path: Path) -> None:
+    folder = ex.run_conversation_target(
+        tmp_path / "t",
+        requests=30,
+        kv_tokens=200_000,
+        slots=(16,),
+        policies=("sglang-0.5.23", "sift", "oracle"),
+        quiet=True,
+    )
+    rows = [json.loads(x) for x in (folder / "target.jsonl").read_text().splitlines()]
+    assert [r["policy"] for r in rows] == ["sglang-0.5.23", "sift", "oracle"]
+    assert (
+        max(r["token_hit_rate"] for r in rows) == rows[-1]["token_hit_rate"]
+    )  # KV does not bind: oracle on top
+    assert "| 16 |" in (folder / "target.md").read_text()
