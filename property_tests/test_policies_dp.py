@@ -31,6 +31,7 @@ from mamba_radix.policies.placement_dp import (
     forest_from_trace,
     optimal_placement,
     placement_value,
+    static_placement_policy,
 )
 from mamba_radix.policies.registry import POLICIES, PolicyContext, run_policy
 from mamba_radix.sim.budget import exact_pools
@@ -182,6 +183,12 @@ def test_static_placement_runs_at_the_value_the_program_gives(seed: int) -> None
         hits, evicted = hit_tokens(reqs, StaticPlacement(keys), budget + 1)
         assert (hits, evicted) == (result.value, 0)
     assert hit_tokens(reqs, StaticPlacement(forest.key or ()), len(forest) + 1)[0] == forest.ideal_value
+    # the factory sizes the placement to the tree's room: slots - 1 under no_buffer
+    policy, placement, _ = static_placement_policy(CONFIG, reqs, 4)
+    assert placement.budget == 3
+    assert hit_tokens(reqs, policy, 4) == (placement.value, 0)
+    with pytest.raises(InvalidArgument, match="admit no running request"):
+        static_placement_policy(CONFIG, reqs, 2)
 
 
 def run_all(reqs: list, slots: int) -> dict[str, int]:

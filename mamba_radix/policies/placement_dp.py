@@ -113,6 +113,7 @@ __all__ = [
     "forest_from_trace",
     "optimal_placement",
     "placement_value",
+    "static_placement_policy",
 ]
 
 ROOT = -1
@@ -610,6 +611,27 @@ class StaticPlacement(CachePolicy):
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
         return (seq_len, _fingerprint(self, req, seq_len)) in self.keys
+
+
+def static_placement_policy(
+    config: CacheConfig, requests: Sequence[TraceRequest], state_slots: int, model: str = "kimi-k3"
+) -> tuple[StaticPlacement, Placement, PrefixForest]:
+    """The static optimum of a trace as a policy, for a sequential run with ``state_slots`` slots: the
+    forest of :func:`forest_from_trace`, the optimum at the tree's room ``K`` (``state_slots - 1`` under
+    no_buffer, ``state_slots - config.slots_per_request`` otherwise, as the module docstring says), and
+    the :class:`StaticPlacement` that keeps it. Raises :class:`InvalidArgument` if the slots admit no
+    running request. Cost: one infinite-capacity replay plus the program."""
+    live = 1 if config.strategy == "no_buffer" else config.slots_per_request
+    if state_slots < config.slots_per_request:
+        raise InvalidArgument(
+            f"{state_slots} slots admit no running request ({config.slots_per_request} per request under "
+            f"{config.strategy}); give at least {config.slots_per_request}"
+        )
+    room = state_slots - live
+    forest = forest_from_trace(config, requests, model)
+    placement = optimal_placement(forest, room)
+    keys = [forest.key[v] for v in placement.chosen] if forest.key is not None else []
+    return StaticPlacement(keys), placement, forest  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------- the aligned-trie model
