@@ -34,6 +34,7 @@ from mamba_radix.policies.placement_dp import (
     static_placement_policy,
 )
 from mamba_radix.policies.registry import POLICIES, PolicyContext, run_policy
+from mamba_radix.policy import CachePolicy
 from mamba_radix.sim.budget import exact_pools
 from mamba_radix.sim.engine import Engine, EngineOptions
 from mamba_radix.sim.traces import TraceRequest
@@ -306,3 +307,33 @@ def test_tables_past_the_limit_are_refused_before_they_are_built() -> None:
     with pytest.raises(InvalidArgument, match="lower the budget"):
         optimal_placement(comb, 2000)
     assert optimal_placement(comb, 2).value > 0  # a small budget fits
+
+
+class _RoomAtMatch(CachePolicy):
+    """Counts the block-boundary checkpoints in the tree each time a request matches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.most = 0
+
+    def on_hit(self, req: object) -> None:
+        assert self.tree is not None
+        held = sum(
+            1 for n in self.tree.nodes() if n.mamba_slot is not None and n.depth % GRID == 0 and n.depth
+        )
+        self.most = max(self.most, held)
+
+
+@pytest.mark.parametrize("slots", [3, 4])
+def test_the_tree_holds_at_most_slots_minus_one_reusable_checkpoints_when_a_request_matches(
+    slots: int,
+) -> None:
+    # the premise of exhaustive_dynamic_optimum's bound: the running request's live slot takes one (a
+    # request's own-last-token checkpoint may take the last slot, but nothing reuses it)
+    most = 0
+    for seed in range(4):
+        policy = _RoomAtMatch()
+        engine = Engine(CONFIG, exact_pools(CONFIG, KV, slots), 400, EngineOptions(mode="sequential"), policy)
+        engine.run(aligned_trie_trace(random_paths(seed), GRID, seed))
+        most = max(most, policy.most)
+    assert most == slots - 1

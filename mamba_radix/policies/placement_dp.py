@@ -668,7 +668,10 @@ def exhaustive_dynamic_optimum(paths: Sequence[Sequence[Hashable]], capacity: in
     depth ``k * grid``), hits the deepest held one, creates every node of its path deeper than that, and
     the cache then keeps any ``capacity`` of what it held and what was created (eviction at will, optional
     admission). A relaxation of the simulator (no locks, no slot timing), hence an upper bound on every
-    policy run there with ``capacity + 1`` slots under ``no_buffer`` (one live slot per running request).
+    policy run there with ``capacity + 1`` slots under ``no_buffer``: when a request matches, the tree
+    holds at most ``slots - 1`` block-boundary checkpoints (the running request's live slot takes one;
+    a request's own-last-token checkpoint can take the last slot, but nothing reuses it), which
+    ``property_tests/test_policies_dp.py`` checks.
 
     Exponential: memoised over (request, held set), refused past :data:`MAX_SEARCH_STATES` states with
     :class:`InvalidArgument`. Only nodes a later request walks are kept (the others never pay)."""
