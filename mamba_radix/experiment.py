@@ -653,10 +653,14 @@ def run_policy_experiment(
                     pending = still
                     if pending:
                         time.sleep(0.2)
-        finally:
+        except BaseException:  # an error or Ctrl-C: stop the workers now, do not wait for their runs
             if processes > 1:
-                pool.close()
+                pool.terminate()
                 pool.join()
+            raise
+        if processes > 1:
+            pool.close()
+            pool.join()
     rows.sort(key=row_order(experiment))
     with open(folder / "results.jsonl", "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)

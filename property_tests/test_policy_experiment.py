@@ -243,3 +243,24 @@ def test_the_target_check_writes_its_table(tmp_path: Path) -> None:
         max(r["token_hit_rate"] for r in rows) == rows[-1]["token_hit_rate"]
     )  # KV does not bind: oracle on top
     assert "| 16 |" in (folder / "target.md").read_text()
+
+
+def test_a_failing_run_stops_the_workers_and_propagates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run that raises is a bug: the error reaches the caller, and no worker process is left behind."""
+    import multiprocessing
+
+    import mamba_radix.policies.registry as registry
+
+    def broken(name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError(f"policy {name} broke")
+
+    if sys.platform == "darwin":
+        pytest.skip("workers are spawned there and do not inherit the patch")
+    monkeypatch.setattr(registry, "run_policy", broken)  # the forked workers inherit the patch
+    with pytest.raises(RuntimeError, match="broke"):
+        ex.run_policy_experiment(
+            _tiny(limit=5, workloads=("agent",)), tmp_path / "r", processes=2, quiet=True
+        )
+    assert not multiprocessing.active_children()
