@@ -303,7 +303,9 @@ def write_report(
     exceeded = oracle_exceeded(rows)
     lines += ["## Where an online policy beats the oracle", ""]
     if not exceeded:
-        lines.append("Nowhere: at every point of every workload the oracle's hit rate is the highest.")
+        lines.append(
+            "Nowhere: at no point of any workload does an online policy exceed the oracle's hit rate."
+        )
     else:
         lines.append(
             "The oracle is optimal for sequential replay where KV does not bind; these points say either that it "
