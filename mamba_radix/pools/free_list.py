@@ -90,6 +90,10 @@ class FreeList:
         self._group: list | None = None  # chunks freed inside an open group
         self._num_in_group = 0
         self._pre_merge: tuple | None = None  # what the last alloc's merge replaced (see undo_alloc)
+        # Free ids of the last merge not listed in _buf yet (HostFreeList's lazy bitmap scan; always 0 for
+        # this class): they are the free, not pending bits at positions >= _scan_pos, in order.
+        self._unlisted = 0
+        self._scan_pos = self.num_ids + 1
         self.allocated.zero_()
 
     def _set_buffer(self, buf: torch.Tensor) -> None:
@@ -99,13 +103,14 @@ class FreeList:
 
     @property
     def free_pages(self) -> torch.Tensor:
-        """The merged free list; its head is what ``alloc`` hands out next (a view, no copy)."""
+        """The merged free list; its head is what ``alloc`` hands out next (a view, no copy; a new
+        tensor while part of it is still unlisted, see :class:`HostFreeList`)."""
         return self._buf[self._head :]
 
     @property
     def available(self) -> int:
         """Free ids, merged or not. O(1), no device sync."""
-        return self._buf_len - self._head + self._num_released + self._num_in_group
+        return self._buf_len - self._head + self._unlisted + self._num_released + self._num_in_group
 
     @property
     def release_pages(self) -> torch.Tensor:
@@ -129,10 +134,23 @@ class FreeList:
             if num_ids > self.available:
                 return None  # nothing taken: an earlier alloc can still be undone exactly
             # The lists a merge replaces (it builds new ones), kept so that undo_alloc can put them back.
-            before = (self._buf, head, self._released, self._num_released, self._group, self._num_in_group)
-            self.merge()
+            before = (
+                self._buf,
+                head,
+                self._released,
+                self._num_released,
+                self._group,
+                self._num_in_group,
+                self._unlisted,
+                self._scan_pos,
+            )
+            if num_ids > self._buf_len - head + self._unlisted:
+                self.merge()
+            if self._buf_len - self._head < num_ids:  # the merged list is listed lazily (host)
+                self._list_more(num_ids - (self._buf_len - self._head))
             self._pre_merge = before
-            head, end = 0, num_ids
+            head = self._head
+            end = head + num_ids
         else:
             self._pre_merge = None
         self._head = end
@@ -219,11 +237,13 @@ class FreeList:
             self.allocated[ids] = False
             before, self._pre_merge = self._pre_merge, None
             if before is not None and head == k:
-                buf, old_head, released, num_released, group, num_in_group = before
+                buf, old_head, released, num_released, group, num_in_group, unlisted, scan_pos = before
                 self._set_buffer(buf)
                 self._head = old_head
                 self._released, self._num_released = released, num_released
                 self._group, self._num_in_group = group, num_in_group
+                self._unlisted, self._scan_pos = unlisted, scan_pos
+                self._repend([*released, *(group or [])])
             else:
                 self._head = head - k
             return
@@ -264,8 +284,14 @@ class FreeList:
         """
         self._pre_merge = None
         total = self.available
+        scan = self.need_sort and total * _SCAN_FRACTION >= self.num_ids
+        if self._unlisted and not scan:  # the previous merge's rest first: the sort must see every id
+            self._list_more(self._unlisted)
+        self._unpend([*self._released, *(self._group or [])])
+        if scan and self._lazy_scan(total):
+            return
         chunks = [self._buf_view(), *self._released, *(self._group or [])]
-        if self.need_sort and total * _SCAN_FRACTION >= self.num_ids:
+        if scan:
             merged = self._scan_free()
         elif self.need_sort:
             merged = self._sorted(self._cat(chunks))
@@ -326,6 +352,19 @@ class FreeList:
     def _buf_view(self) -> torch.Tensor:
         return self._buf[self._head :]
 
+    def _list_more(self, need: int) -> None:  # pragma: no cover - only HostFreeList leaves ids unlisted
+        raise InvariantError(f"free list has {self._unlisted} unlisted {self.what}s but no lazy scan")
+
+    def _lazy_scan(self, total: int) -> bool:
+        """A scan merge done lazily (HostFreeList); False: do it now, eagerly."""
+        return False
+
+    def _unpend(self, chunks: list) -> None:
+        """Released chunks joined the free list (HostFreeList clears their pending marks)."""
+
+    def _repend(self, chunks: list) -> None:
+        """Released chunks put back by undo_alloc (HostFreeList marks them pending again)."""
+
     def _slice(self, head: int, end: int) -> torch.Tensor:
         """``_buf[head:end]``, a view of the buffer (what ``alloc`` returns)."""
         return self._buf[head:end]
@@ -359,9 +398,83 @@ class HostFreeList(FreeList):
             raise InvalidArgument(
                 f"HostFreeList works on CPU tensors only, not {device}; use backend='torch'"
             )
-        super().__init__(num_ids, device, need_sort, what)
+        self._pending: np.ndarray | None = None
+        super().__init__(num_ids, device, need_sort, what)  # checks the sizes first
+        if need_sort:
+            # released ids are marked pending (freed, not merged) so that the lazy scan of a merge (see
+            # _lazy_scan) skips them; 1 byte per id
+            marks = allocate_tensor("the pending marks", torch.zeros, num_ids + 2, dtype=torch.bool)
+            self._pending = marks.numpy()
         self._alloc_np = self.allocated.numpy()
         self._scratch_np = self._scratch.numpy()
+
+    # A lazy scan lists at least this many ids at a time (the scan's per-call cost is then negligible).
+    LIST_CHUNK = 1 << 16
+
+    def clear(self) -> None:
+        super().clear()
+        if self._pending is not None:
+            self._pending[:] = False
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """As :attr:`FreeList.free_pages`; while part of the merged list is still unlisted, a new tensor
+        of the listed head and the rest of the scan (O(num_ids): for inspection and tests)."""
+        if not self._unlisted:
+            return self._buf[self._head :]
+        rest = self._scan_range(self._scan_pos, self.num_ids + 1)
+        return self._to_tensor(np.concatenate([self._buf_view(), rest]))
+
+    def _scan_range(self, start: int, stop: int) -> np.ndarray:
+        """Free, not pending ids in ``[start, stop)``, ascending. O(stop - start)."""
+        free = self._alloc_np[start:stop] | self._pending[start:stop]  # type: ignore[index]
+        return np.flatnonzero(~free) + start
+
+    def _lazy_scan(self, total: int) -> bool:
+        """The scan merge without the scan: after the pending marks of the merged chunks were cleared,
+        the merged free list is exactly the unset bits of the bitmap, ascending, so it is listed
+        segment by segment as allocations reach it (:meth:`_list_more`) instead of materialising all
+        of it at once (an O(num_ids) spike: 30-60 ms on an 8M-token pool). O(chunks merged)."""
+        self._set_buffer(torch.empty(0, dtype=torch.int64))
+        self._unlisted, self._scan_pos = total, 1
+        self._released, self._num_released = [], 0
+        if self._group:
+            self._group, self._num_in_group = [], 0
+        return True
+
+    def _list_more(self, need: int) -> None:
+        """List at least ``need`` more ids of the lazily merged free list (``LIST_CHUNK`` at least, when
+        that many remain) after the listed head. O(ids listed + bitmap span scanned)."""
+        want = min(self._unlisted, max(need, self.LIST_CHUNK))
+        pieces, got, pos, stop = [self._buf_view()], 0, self._scan_pos, self.num_ids + 1
+        while got < want:
+            if pos >= stop:
+                raise InvariantError(
+                    f"free list scan found {got} of {want} unlisted {self.what}s (a bookkeeping bug)"
+                )
+            # the expected span for what is missing, from the density of what is left, plus slack
+            span = (want - got) * (stop - pos) // max(self._unlisted - got, 1)
+            end = min(stop, pos + span + span // 4 + 1024)
+            found = self._scan_range(pos, end)
+            if got + len(found) > want:
+                found = found[: want - got]
+                end = int(found[-1]) + 1
+            pieces.append(found)
+            got += len(found)
+            pos = end
+        self._scan_pos = pos
+        self._unlisted -= got
+        self._set_buffer(self._to_tensor(np.concatenate(pieces)))
+
+    def _unpend(self, chunks: list) -> None:
+        if self._pending is not None:
+            for chunk in chunks:
+                self._pending[chunk] = False
+
+    def _repend(self, chunks: list) -> None:
+        if self._pending is not None:
+            for chunk in chunks:
+                self._pending[chunk] = True
 
     def _set_buffer(self, buf: torch.Tensor) -> None:
         super()._set_buffer(buf)
@@ -441,6 +554,8 @@ class HostFreeList(FreeList):
         a pool that frees and takes one slot at a time (the state pool, nearly full of checkpoints)
         then converts one list per merge instead of one per free. Order is kept."""
         self._pre_merge = None  # a free since the last alloc: undo_alloc falls back to a plain free
+        if self._pending is not None:
+            self._pending[chunk] = True
         target = self._group if self._group is not None else self._released
         if type(chunk) is list and target and type(target[-1]) is list:
             target[-1].extend(chunk)
@@ -484,9 +599,6 @@ class HostFreeList(FreeList):
         # Stable (timsort for int64): the merged free list is an ascending run followed by the released
         # chunks, which timsort merges in ~O(n + r log r) where a quicksort pays O(n log n).
         return np.sort(ids, kind="stable")
-
-    def _scan_free(self) -> np.ndarray:
-        return np.flatnonzero(~self._alloc_np[1 : self.num_ids + 1]) + 1
 
     def _to_tensor(self, chunk: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.int64))
