@@ -7,12 +7,16 @@ two jobs that belong to the repository::
     python experiments/policies.py --limit 300 --workloads chat,tree --policies sglang-0.5.23,sift,oracle
     python experiments/policies.py --update-reference   # re-run it into experiments/reference/default/ and
                                                         # refresh mamba_radix/data/experiments/default.reference.jsonl
+    python experiments/policies.py --update-reference --policies sift   # re-run one policy's rows only
+                                                        # (about 100 CPU-s for sift), keep the others
     python experiments/policies.py --target             # the issue's check: 2,000 conversation requests,
                                                         # 8M KV tokens, 1024 and 256 slots
     python experiments/policies.py --replot DIR         # redraw report.md and the plots of a results folder
 
-``--update-reference`` replaces the committed reference run (about 10 minutes on 2 processes); its report
-compares the new numbers with the reference it replaces, so the commit shows what changed.
+``--update-reference`` replaces the committed reference run (about 600 CPU-s, 5 minutes on 2 idle cores);
+with ``--policies`` it re-runs only those policies' rows and keeps the others (``run_info.json`` lists the
+re-run under ``reruns``; only valid when nothing else changed results). Either way its report compares the
+new numbers with the reference it replaces, so the commit shows what changed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from mamba_radix.experiment import (
     load_policy_definition,
     new_results_folder,
     replot,
+    rerun_policies,
     run_conversation_target,
     run_policy_experiment,
     write_reference,
@@ -57,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     job.add_argument(
         "--update-reference",
         action="store_true",
-        help=f"re-run the main job into {REFERENCE_DIR.relative_to(HERE.parent)} and refresh the bundled reference",
+        help="re-run the main job into experiments/reference/default and refresh the bundled reference",
     )
     args = parser.parse_args(argv)
     given = list(sys.argv[1:] if argv is None else argv)
@@ -74,13 +79,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(replot(args.replot, experiment))
         return 0
     if args.update_reference:
-        if args.limit or args.workloads or args.policies or args.definition != "default":
-            parser.error("--update-reference runs the whole bundled default; drop the other options")
-        # the reference's report compares with the reference it replaces: read it before it is overwritten
-        shutil.rmtree(REFERENCE_DIR, ignore_errors=True)
-        run_policy_experiment(
-            experiment, REFERENCE_DIR, processes=args.processes, quiet=args.quiet, command=UPDATE_COMMAND
-        )
+        if args.limit or args.workloads or args.definition != "default":
+            parser.error(
+                "--update-reference runs the bundled default on every workload; drop --limit/--workloads"
+            )
+        if args.policies:  # only these policies' rows are re-run; the others are kept
+            full = load_policy_definition(path)
+            command = f"{UPDATE_COMMAND} --policies {args.policies}"
+            rerun_policies(
+                REFERENCE_DIR,
+                full,
+                _names(args.policies) or [],
+                processes=args.processes,
+                quiet=args.quiet,
+                command=command,
+            )
+        else:
+            # the reference's report compares with the reference it replaces (read before it is overwritten)
+            shutil.rmtree(REFERENCE_DIR, ignore_errors=True)
+            run_policy_experiment(
+                experiment, REFERENCE_DIR, processes=args.processes, quiet=args.quiet, command=UPDATE_COMMAND
+            )
         n = write_reference(REFERENCE_DIR / "results.jsonl", path.parent / "default.reference.jsonl")
         print(f"{REFERENCE_DIR / 'report.md'}; {n} rows in {path.parent / 'default.reference.jsonl'}")
         return 0

@@ -59,6 +59,7 @@ __all__ = [
     "load_policy_definition",
     "load_requests",
     "memory_points",
+    "rerun_policies",
     "run_conversation_target",
     "run_policy_experiment",
     "write_reference",
@@ -763,6 +764,77 @@ def replot(folder: str | Path, experiment: PolicyExperiment | None = None) -> Pa
 
     ref = reference_rows(experiment) if experiment is not None else (None, None)
     return write_all(path, rows, info, ref)
+
+
+def rerun_policies(
+    folder: str | Path,
+    experiment: PolicyExperiment,
+    policies: Sequence[str],
+    *,
+    processes: int = 2,
+    quiet: bool = False,
+    command: str = "",
+) -> dict[str, Any]:
+    """Re-run only ``policies`` of an existing results folder (for example after a change to one policy)
+    and merge: the folder's rows of the other policies stay, the re-run policies' rows are replaced, and
+    ``report.md`` and the plots are redrawn (compared with ``experiment``'s reference, as a full run is).
+    ``run_info.json`` keeps the full run's figures and lists the re-run under ``reruns`` (policies,
+    command, wall and CPU seconds, time), so the report says which rows are newer.
+
+    Raises :class:`ConfigError`, before running anything, when the folder holds no results, or other
+    workloads or request counts than ``experiment`` (the kept rows would not be comparable), or a policy
+    is not in ``experiment``. Side effects: rewrites the folder's files. Cost: the re-run policies' runs
+    plus one demand pass per workload."""
+    import shutil
+    import tempfile
+
+    path = Path(folder)
+    results, info_path = path / "results.jsonl", path / "run_info.json"
+    if not results.is_file() or not info_path.is_file():
+        raise ConfigError(
+            f"no results to merge into in {path} (results.jsonl, run_info.json); run the whole experiment first"
+        )
+    unknown = [p for p in policies if p not in experiment.policies]
+    if unknown or not policies:
+        raise ConfigError(
+            f"policies to re-run {list(policies)} must be some of {', '.join(experiment.policies)}"
+        )
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    sizes = {w.name: len(load_requests(w)) for w in experiment.workloads}
+    had = {w: v["requests"] if isinstance(v, dict) else v for w, v in info.get("workloads", {}).items()}
+    if had != sizes:
+        raise ConfigError(
+            f"{path} holds workloads {had}, the definition gives {sizes}: re-run the whole experiment instead"
+        )
+    kept = [
+        r
+        for r in (json.loads(x) for x in results.read_text(encoding="utf-8").splitlines() if x.strip())
+        if r["policy"] not in policies
+    ]
+    with tempfile.TemporaryDirectory(prefix="rerun-") as tmp:
+        part = run_policy_experiment(
+            experiment.only(None, policies),
+            Path(tmp) / "part",
+            processes=processes,
+            quiet=quiet,
+            command=command,
+        )
+        new = [
+            json.loads(x)
+            for x in (Path(tmp) / "part" / "results.jsonl").read_text(encoding="utf-8").splitlines()
+        ]
+        shutil.rmtree(Path(tmp) / "part")
+    rows = sorted(kept + new, key=row_order(experiment))
+    with open(results, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    rerun = {k: part[k] for k in ("command", "wall_s", "cpu_s", "utc", "version")}
+    info["reruns"] = [*info.get("reruns", []), dict(rerun, policies=list(policies), runs=len(new))]
+    info["cpu_s"] = round(sum(r["cpu_s"] for r in rows), 1)
+    info_path.write_text(json.dumps(info, indent=2) + "\n")
+    from mamba_radix.experiment_report import write_all
+
+    write_all(path, rows, info, reference_rows(experiment))
+    return info
 
 
 # --------------------------------------------------------------------------------- the target check

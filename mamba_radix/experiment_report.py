@@ -209,6 +209,19 @@ def write_report(
         f"process{'es' if procs != 1 else ''} ({info.get('runs', len(rows))} runs, {info.get('cpu_s', '?')} "
         f"CPU-s in the policy runs), mamba-radix {info.get('version', '?')}, {info.get('utc', '')}.",
         "",
+        *(
+            [
+                "Re-run since: "
+                + "; ".join(
+                    f"{', '.join(x['policies'])} (`{x['command']}`, {x['wall_s']} s wall, {x['utc']})"
+                    for x in info["reruns"]
+                )
+                + ". The other policies' rows are from the full run above.",
+                "",
+            ]
+            if info.get("reruns")
+            else []
+        ),
         "Every run replays its workload sequentially (one request at a time, in order) through the real cache "
         f"and pools, extra_buffer with SGLang 0.5.23's rules except what the policy changes. Equal memory is "
         f"equal bytes: at each point every policy gets the same pools, sized exactly in {info.get('model', '?')} "

@@ -264,3 +264,27 @@ def test_a_failing_run_stops_the_workers_and_propagates(
             _tiny(limit=5, workloads=("agent",)), tmp_path / "r", processes=2, quiet=True
         )
     assert not multiprocessing.active_children()
+
+
+def test_rerunning_one_policy_replaces_its_rows_and_keeps_the_others(
+    tiny_run: tuple[Path, dict[str, Any], list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    import shutil
+
+    folder, _, rows = tiny_run
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    marked = [dict(r, token_hit_rate=-1.0) if r["policy"] == "sift" else r for r in rows]  # stale sift rows
+    (copy / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in marked))
+    info = ex.rerun_policies(copy, _tiny(), ["sift"], processes=1, quiet=True, command="rerun sift")
+    merged = [json.loads(x) for x in (copy / "results.jsonl").read_text().splitlines()]
+    key = ("workload", "regime", "point", "policy", "token_hit_rate")
+    assert [tuple(r[k] for k in key) for r in merged] == [tuple(r[k] for k in key) for r in rows]
+    assert info["reruns"][-1]["policies"] == ["sift"] and info["reruns"][-1]["command"] == "rerun sift"
+    assert "Re-run since: sift (`rerun sift`" in (copy / "report.md").read_text()
+    from mamba_radix.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="re-run the whole experiment"):
+        ex.rerun_policies(copy, _tiny(limit=7), ["sift"], processes=1, quiet=True)
+    with pytest.raises(ConfigError, match="must be some of"):
+        ex.rerun_policies(copy, _tiny(), ["marconi"], processes=1, quiet=True)
