@@ -31,6 +31,11 @@ The table prints the bare trie's requests/s and median match / insert times next
 
     .venv/bin/python benchmarks/bench_tree.py                       # default: 2,000 requests, 3 capacities
     .venv/bin/python benchmarks/bench_tree.py --num-requests 500 --capacities 262144
+    .venv/bin/python benchmarks/bench_tree.py --keys 1024,131072,1048576   # key compares only
+
+The key stage (``--keys``) times one edge compare, whole match and a mismatch in the middle, with tuple
+keys (the representation before int64 keys, its compare kept here as the baseline) and with int64 keys,
+and one tree walk, at each length, in one run.
 """
 
 from __future__ import annotations
@@ -39,13 +44,15 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from mamba_radix import CacheConfig, MambaRadixCache, RadixKey
-from mamba_radix.node import TokenIds, as_token_ids
+from mamba_radix.node import TokenIds, as_token_ids, prefix_len_in
 from mamba_radix.strategies import prefill_track_len
+from mamba_radix.tree import RadixTree
 
 BLOCK_SIZE = 512
 DEFAULT_TRACE = (
@@ -267,6 +274,63 @@ def replay(
     return metrics, ops
 
 
+# ------------------------------------------------------------------------------------------- key compare
+def _tuple_common_len(edge: tuple[int, ...], tokens: tuple[int, ...], start: int) -> int:
+    """BASELINE for the key stage: the comparison the tree ran on tuple keys before its keys became
+    int64 buffers (one C-level tuple-slice compare, then 64-token blocks, then token by token)."""
+    n = min(len(edge), len(tokens) - start)
+    if edge[:n] == tokens[start : start + n]:
+        return n
+    i = 0
+    while i < n:
+        j = min(i + 64, n)
+        if edge[i:j] != tokens[start + i : start + j]:
+            while edge[i] == tokens[start + i]:
+                i += 1
+            return i
+        i = j
+    return n
+
+
+def _median_us(repeats: int, fn: Callable[..., object], *args: object) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn(*args)
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
+
+
+def bench_keys(lengths: list[int], repeats: int) -> None:
+    """Median µs of one edge compare (a whole-edge match, and a mismatch in the middle) and of one tree
+    walk of a key one edge long, for tuple keys (the former representation, baseline) and int64 keys
+    (:class:`TokenIds`, what the tree holds), at each length. Prints a markdown table."""
+    print(
+        "| tokens | tuple compare, match (µs) | int64 compare, match (µs) | ratio | tuple compare, "
+        "mismatch (µs) | int64 compare, mismatch (µs) | ratio | tree walk, int64 (µs) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in lengths:
+        edge_t = tuple(range(10**9, 10**9 + n))
+        query_t = (*edge_t, 1, 2, 3)
+        bad_t = (*edge_t[: n // 2], -1, *edge_t[n // 2 + 1 :])
+        edge, query, bad = as_token_ids(edge_t), as_token_ids(query_t), as_token_ids(bad_t)
+        tree = RadixTree(CacheConfig())
+        tree.insert(RadixKey(edge), torch.arange(n), 1)
+        key = RadixKey(query)
+        tm = _median_us(repeats, _tuple_common_len, edge_t, query_t, 0)
+        scratch = bytearray(len(tree._scratch))  # the tree's own reused buffer size
+        fm = _median_us(repeats, prefix_len_in, edge, memoryview(query), 0, scratch)
+        tb = _median_us(repeats, _tuple_common_len, edge_t, bad_t, 0)
+        fb = _median_us(repeats, prefix_len_in, edge, memoryview(bad), 0, scratch)
+        walk = _median_us(repeats, tree.walk, key)
+        assert prefix_len_in(edge, memoryview(bad), 0) == _tuple_common_len(edge_t, bad_t, 0) == n // 2
+        print(
+            f"| {n:,} | {tm:,.1f} | {fm:,.1f} | {tm / fm:.0f}x | {tb:,.1f} | {fb:,.1f} | {tb / fb:.0f}x "
+            f"| {walk:,.1f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE.resolve())
@@ -284,8 +348,18 @@ def main() -> None:
         help="torch intra-op threads; 1 by default: the index tensors here are small, and extra threads "
         "only add contention (25x slower per op on a loaded 2-core machine)",
     )
+    parser.add_argument(
+        "--keys",
+        metavar="LENGTHS",
+        help="only the key stage: edge compares and walks at these key lengths (comma-separated tokens), "
+        "tuple keys (the former representation) against int64 keys",
+    )
+    parser.add_argument("--repeats", type=int, default=21, help="samples per key-stage median")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.keys:
+        bench_keys([int(x) for x in args.keys.split(",")], args.repeats)
+        return
 
     t0 = time.perf_counter()
     prompts = load_requests(args.trace, args.num_requests)
