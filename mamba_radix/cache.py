@@ -233,6 +233,7 @@ class MambaRadixCache(RequestLifecycle):
         radix_key = self._as_key(key, req)
         if cow_mamba and req is not None and req.mamba_pool_idx is not None:
             self._check_cow_target(req)
+        hit_len = 0
         if not self.buffer.caches:
             result = MatchResult(
                 torch.empty(0, dtype=torch.int64, device=self.device), self.tree.root, None, 0, None
@@ -258,7 +259,7 @@ class MambaRadixCache(RequestLifecycle):
         if req is not None:
             req.prefix_indices = result.device_indices
             req.last_node = result.last_node
-            req.cache_protected_len = len(result.device_indices)
+            req.cache_protected_len = hit_len  # len(device_indices), without torch's Python __len__
             req.mamba_branching_seqlen = result.mamba_branching_seqlen
             req.full_kv_hit_len = result.full_kv_hit_len
         return result
