@@ -30,7 +30,10 @@ SGLang's rule differences between releases are config switches (``mamba_slot_hea
 ``mamba_kv_only_leaves``, ``mamba_decode_insert``); :mod:`mamba_radix.peers` names the release presets.
 
 Every call validates everything first and changes nothing when it refuses (returns ``False``/``None``
-for a resource shortage, raises :class:`~mamba_radix.errors.InvalidArgument` for misuse).
+for a resource shortage, raises :class:`~mamba_radix.errors.InvalidArgument` for misuse). Validation
+happens once, at the public edge: the prompt and each sampled token are checked once (into a per-request
+``array('q')`` that keys are cut from), and the SGLang-named calls :meth:`~RequestLifecycle.commit` and
+:meth:`~RequestLifecycle.finish` make do not check the request again (called directly, they do).
 """
 
 from __future__ import annotations
