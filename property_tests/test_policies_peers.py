@@ -184,14 +184,16 @@ def test_sift_greedy_dual_keeps_the_checkpoint_that_saves_more_until_it_ages_out
     assert evicted_at == (10 if greedy_dual else 1)
 
 
-def test_sift_learns_to_decline_a_kind_that_is_never_hit() -> None:
-    policy = Sift(min_evidence=4, min_rate=0.2, explore_every=1000)
+@pytest.mark.parametrize("relative", [False, True])
+def test_sift_learns_to_decline_a_kind_that_is_never_hit(relative: bool) -> None:
+    policy = Sift(min_evidence=4, min_rate=0.2, explore_every=1000, relative_decline=relative)
     cache = MambaRadixCache.build(EXTRA, num_tokens=8192, num_slots=12, policy=policy)
     for i in range(20):  # 20 unrelated prompts: every 'end' checkpoint is evicted unhit
         serve(cache, list(range(10_000 * (i + 1), 10_000 * (i + 1) + 70)), rid=i)
     assert policy.evicted_unhit["end"] >= 4
-    assert policy.declined["end"] > 0
     assert cache.stats.checkpoints_declined == policy.declined["end"]
+    # absolute: below min_rate is enough; relative: 'end' is the best kind there is, so it stays
+    assert (policy.declined["end"] > 0) is not relative
 
 
 @pytest.mark.parametrize("workload", ["chat", "system-prompt", "agent", "tree"])
