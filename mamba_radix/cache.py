@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from mamba_radix.buffers import buffer_strategy
@@ -395,7 +396,12 @@ class MambaRadixCache(RequestLifecycle):
         if matched <= prev_prefix_len:
             return
         tree_kv = torch.cat([node.value for node in path])[prev_prefix_len:matched]
-        if bool((tree_kv == kv_indices[prev_prefix_len:matched]).any()):
+        theirs = kv_indices[prev_prefix_len:matched]
+        if tree_kv.device.type == "cpu" and theirs.device.type == "cpu":  # numpy: a fraction of torch's cost
+            clash = bool(np.any(tree_kv.numpy() == theirs.numpy()))
+        else:
+            clash = bool((tree_kv == theirs).any())
+        if clash:
             raise InvalidArgument(
                 f"the KV indices at [{prev_prefix_len}, {matched}) are already the tree's; pass "
                 "prev_prefix_len = the length of the prefix the tree holds, or fresh indices"
@@ -411,15 +417,23 @@ class MambaRadixCache(RequestLifecycle):
                 )
             if kv_indices.dtype != torch.int64:
                 raise InvalidArgument(f"kv indices must be int64, got {kv_indices.dtype}")
-            handed_over = kv_indices[max(prev_prefix_len, 0) if isinstance(prev_prefix_len, int) else 0 :]
-            allocated = self.token_to_kv_pool_allocator.is_allocated(handed_over)
-            if not bool(allocated.all()):
+            start = max(prev_prefix_len, 0) if isinstance(prev_prefix_len, int) else 0
+            handed_over = kv_indices[start:]
+            allocator = self.token_to_kv_pool_allocator
+            if not allocator.all_allocated(handed_over):
+                allocated = allocator.is_allocated(handed_over)
                 bad = int(handed_over[~allocated][0])
                 raise InvalidIndex(f"KV index {bad} is not allocated; insert only indices from alloc")
-            if torch.unique(kv_indices).numel() != kv_indices.numel():
+            # O(L) without a sort when every index is known to be in range (all handed over: allocated)
+            repeats = (
+                allocator.has_repeats(kv_indices)
+                if start == 0
+                else torch.unique(kv_indices).numel() != kv_indices.numel()
+            )
+            if repeats:
                 raise InvalidIndex("kv indices repeat within one insert; give every token its own KV index")
         valid_id = isinstance(mamba_slot, int) and not isinstance(mamba_slot, bool) and mamba_slot >= 1
-        if valid_id and not bool(self.mamba_pool.is_allocated([mamba_slot])[0]):
+        if valid_id and not self.mamba_pool.is_slot_allocated(mamba_slot):
             raise InvalidIndex(f"state slot {mamba_slot} is not allocated; insert only slots from alloc")
         if valid_id and self.req_to_token_pool.is_slot_held(mamba_slot):
             raise InvalidIndex(

@@ -241,3 +241,20 @@ def test_trusted_donation_and_release_leave_the_pool_as_the_checked_ones() -> No
         pool.free_mamba_cache(req, keep=fresh, check=check)
         states.append((donated, mid, pool_state(pool, req)))
     assert states[0] == states[1]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: TokenToKVPoolAllocator(64),
+        lambda: TokenToKVPoolAllocator(64, backend="torch"),
+        lambda: PagedTokenToKVPoolAllocator(64, 4),
+    ],
+)
+def test_has_repeats_agrees_with_unique(make) -> None:
+    alloc = make()
+    rng = random.Random(5)
+    for _ in range(200):
+        values = [rng.randrange(0, 66) for _ in range(rng.randrange(0, 8))]
+        idx = torch.tensor(values, dtype=torch.int64)
+        assert alloc.has_repeats(idx) == (len(set(values)) != len(values)), values

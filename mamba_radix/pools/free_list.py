@@ -203,6 +203,18 @@ class FreeList:
         and allocated. O(k), one fused check (one host sync on a GPU); no error raised."""
         return not ids.numel() or self._all_allocated(ids)
 
+    def has_repeats(self, ids: torch.Tensor) -> bool:
+        """Whether an id occurs twice in ``ids``, which must lie in ``0..num_ids + 1`` (checked by the
+        caller: ids outside are clamped to those ends and may read as repeats). O(k), no sort: each
+        position writes its rank into the scratch, a repeat reads back another's. One host sync on a
+        GPU."""
+        if ids.numel() < 2:
+            return False
+        clamped = ids.clamp(0, self.num_ids + 1)
+        ranks = torch.arange(ids.numel(), dtype=self._scratch.dtype, device=ids.device)
+        self._scratch[clamped] = ranks
+        return not bool((self._scratch[clamped] == ranks).all())
+
     def free_ints(self, ids: list[int], check: bool = True) -> None:
         """:meth:`free` for a list of Python ints (a request's state slots, a checkpoint's slot): the same
         checks and result. O(k)."""
@@ -516,6 +528,15 @@ class HostFreeList(FreeList):
             self._raise_bad_free(ids)
         self._alloc_np[a] = False
         self._park(a.copy(), k)  # copy: own the storage, never alias the caller's tensor
+
+    def has_repeats(self, ids: torch.Tensor) -> bool:
+        """As :meth:`FreeList.has_repeats`, in numpy (~10x cheaper than ``torch.unique``'s sort)."""
+        if ids.numel() < 2:
+            return False
+        a = np.minimum(np.maximum(ids.numpy(), 0), self.num_ids + 1)  # np.clip's wrapper costs ~15 us
+        scratch, ranks = self._scratch_np, np.arange(len(a), dtype=np.int32)
+        scratch[a] = ranks
+        return not bool((scratch.take(a) == ranks).all())
 
     def free_ints(self, ids: list[int], check: bool = True) -> None:
         """As :meth:`FreeList.free_ints`, in plain Python (no tensor built): ~0.3 us per id."""

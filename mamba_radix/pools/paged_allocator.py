@@ -13,6 +13,7 @@ Everything is plain vectorised torch, O(tokens + requests) per call, no per-requ
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex
@@ -291,6 +292,15 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
                 return False
             return self._free_list.all_allocated(torch.from_numpy(a // self.page_size))
         return bool(self.is_allocated(indices).all())
+
+    def has_repeats(self, indices: torch.Tensor) -> bool:
+        """Whether a KV index occurs twice in the 1-D int64 tensor ``indices``. O(k log k) (a sort: the
+        scratch is sized for pages, not token indices)."""
+        if indices.numel() < 2:
+            return False
+        if indices.device.type == "cpu":
+            return len(np.unique(indices.numpy())) != indices.numel()
+        return torch.unique(indices).numel() != indices.numel()
 
     def allocated_indices(self) -> torch.Tensor:
         """Every KV index of every allocated page, ascending. O(size): for conservation checks."""

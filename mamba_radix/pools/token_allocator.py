@@ -89,6 +89,11 @@ class TokenToKVPoolAllocator(FreeListBatching):
         tensor (numpy on CPU; one host sync on a GPU)."""
         return self._free_list.all_allocated(indices)
 
+    def has_repeats(self, indices: torch.Tensor) -> bool:
+        """Whether a KV index occurs twice in the 1-D int64 tensor ``indices`` (every index in
+        ``0..size + 1``: check that first). O(k), no sort."""
+        return self._free_list.has_repeats(indices)
+
     def allocated_indices(self) -> torch.Tensor:
         """Every allocated KV index, ascending. O(size): for conservation checks."""
         return self._free_list.allocated_ids()
