@@ -13,6 +13,7 @@ from mamba_radix.policies.registry import POLICIES, PolicyContext, run_policy
 from mamba_radix.policies.thinning import CoverageThinning, merged_gap
 from mamba_radix.policies.vllm_sparse import SparseRetention
 from mamba_radix.sim.budget import exact_pools
+from mamba_radix.sim.stamps import PrefixFingerprints
 from mamba_radix.sim.synthetic import GENERATORS
 from mamba_radix.state_stamp import fingerprint, write_stamp
 
@@ -212,3 +213,86 @@ def test_registry_names_families() -> None:
     assert POLICIES["sift"].family == "ours"
     with pytest.raises(Exception, match="unknown policy"):
         run_policy("nope", EXTRA, PolicyContext([], exact_pools(EXTRA, 100, 8)))
+
+
+def _cached(cache: MambaRadixCache, first_token: int) -> bool:
+    return any(len(n.key) and int(n.key[0]) == first_token for n in cache.tree.nodes() if n.depth)
+
+
+def _leaves_evicted_until_gone(cache: MambaRadixCache, first_token: int, others: int) -> int | None:
+    """Insert ``others`` unrelated 64-token prompts one at a time, evicting 64 KV tokens after each; the
+    1-based eviction at which the prompt starting with ``first_token`` leaves the cache (None: never)."""
+    for i in range(others):
+        insert(cache, list(range(20_000 + 100 * i, 20_064 + 100 * i)))
+        cache.evict(num_tokens=64)
+        if not _cached(cache, first_token):
+            return i + 1
+    return None
+
+
+@pytest.mark.parametrize(
+    ("kv_greedy_dual", "frequency", "expected"), [(True, True, 64), (False, True, 1), (True, False, 1)]
+)
+def test_sift_kv_greedy_dual_keeps_a_shared_junction_for_scale_generations(
+    kv_greedy_dual: bool, frequency: bool, expected: int
+) -> None:
+    # A is a ``branch`` checkpoint (a shared junction), every later leaf is not; each saves 64 tokens over
+    # the root per 64 KV tokens (gain / size 1). A's value is 1 * kv_branch_scale (64) * (1 + 0 hits) = 64,
+    # each newcomer's 1: a newcomer gets the clock + 1 and is the next victim, each victim lifting the clock
+    # by 1, so A goes at the 64th eviction (its tie with the newcomer then breaks by age). LRU, or no
+    # frequency weight (A's value 1, older): A goes first.
+    policy = Sift(
+        supersede=False,
+        learn_admission=False,
+        kv_greedy_dual=kv_greedy_dual,
+        kv_branch_frequency=frequency,
+        kv_branch_scale=64,
+    )
+    cache = MambaRadixCache.build(NO_BUFFER, num_tokens=4096, num_slots=16, policy=policy)
+    policy._pending = (64, "branch")  # the kind a branch hand-over gets in admit_checkpoint
+    insert(cache, list(range(10_000, 10_064)))
+    assert policy._rec[next(n.id for n in cache.tree.nodes() if n.depth == 64)].kind == "branch"
+    assert _leaves_evicted_until_gone(cache, 10_000, 80) == expected
+
+
+def test_sift_kv_greedy_dual_starts_a_new_leaf_from_the_clock_of_its_last_touch() -> None:
+    # P (64 tokens) and its child Q (128) are branch checkpoints, each worth 64 (gain / size 1, scale 64,
+    # no hits); a fork Q' under P (worth 1) touches P last, while P is internal and the clock is 0. The
+    # unrelated newcomers (worth 1 each) age the clock to Q's 64 (126 rounds); then P becomes a leaf. Its
+    # priority is the clock *as of its last touch* plus 64 = 64, below a newcomer's 64 + 1: it is the very
+    # next victim. Restarted from the current clock (64 + 64) it would outlive many more newcomers.
+    policy = Sift(supersede=False, learn_admission=False, kv_branch_scale=64)
+    cache = MambaRadixCache.build(NO_BUFFER, num_tokens=4096, num_slots=16, policy=policy)
+    policy._pending = (64, "branch")
+    insert(cache, CHAIN[:64])
+    policy._pending = (128, "branch")
+    insert(cache, CHAIN[:128])
+    insert(cache, CHAIN[:64] + list(range(40_000, 40_064)))  # Q': P touched as a fork, internal
+    gone: dict[str, int] = {}
+    for i in range(200):
+        insert(cache, list(range(50_000 + 100 * i, 50_064 + 100 * i)))
+        cache.evict(num_tokens=64)
+        depths = checkpoint_depths(cache)
+        if 128 not in depths:
+            gone.setdefault("Q", i)
+        if not _cached(cache, CHAIN[0]):
+            gone.setdefault("P", i)
+            break
+    assert gone["Q"] > 60 and gone["P"] == gone["Q"] + 1, gone
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_sift_ghost_turns_one_eviction_into_at_most_one_hit(once: bool) -> None:
+    policy = Sift(ghost_once=once)
+    cache = MambaRadixCache.build(EXTRA, num_tokens=8192, num_slots=12, policy=policy)
+    assert cache.tree is not None
+    prompt = CHAIN[:130]
+    fps = PrefixFingerprints(np.asarray(prompt[:-1], dtype=np.int64))
+    policy._ghost[(128, fps.at(128))] = "end"  # an 'end' checkpoint at 128 was evicted unhit
+    policy.evicted_unhit["end"] = 1
+    for rid in range(2):  # two requests pass the ghost, each with no real hit
+        req = Req(rid=rid, origin_input_ids=prompt)
+        policy._probe_ghosts(req)
+        policy._resolve_ghost(rid, 0)
+    assert policy.hits["end"] == (1 if once else 2)
+    assert policy.rate("end") <= 1 or not once  # twice: 3 / 1, a ratio past 1
