@@ -24,13 +24,19 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.sim.stamps import PrefixFingerprints
 from mamba_radix.sim.traces import TraceRequest
 
-__all__ = ["NEVER", "FutureIndex", "demand_hits"]
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.request import Req
+
+__all__ = ["NEVER", "FutureIndex", "RequestFingerprints", "demand_hits"]
 
 NEVER = 1 << 62  # "no further use": farther than any request index
 
@@ -128,3 +134,25 @@ class FutureIndex:
     def demanded_after(self, depth: int, fp: int, now: int) -> bool:
         """Whether any request after ``now`` uses this checkpoint, exactly or as a fallback. O(log n)."""
         return self.next_path(depth, fp, now) != NEVER
+
+
+class RequestFingerprints:
+    """Prefix fingerprints of the request being handed over, for policies that look its positions up in a
+    pre-pass: built once per request (input then output tokens) and again only when it grew. One vectorised
+    pass per build; :meth:`at` is O(1)."""
+
+    def __init__(self) -> None:
+        self._rid: object = None
+        self._len = -1
+        self._fps: PrefixFingerprints | None = None
+
+    def of(self, req: Req, seq_len: int) -> PrefixFingerprints:
+        """The fingerprints of ``req``'s tokens, covering at least its first ``seq_len``."""
+        if self._fps is None or self._rid != req.rid or self._len < seq_len:
+            tokens = np.asarray(req.origin_input_ids + req.output_ids, dtype=np.int64)
+            self._rid, self._len, self._fps = req.rid, len(tokens), PrefixFingerprints(tokens)
+        return self._fps
+
+    def at(self, req: Req, seq_len: int) -> int:
+        """The fingerprint of ``req``'s first ``seq_len`` tokens."""
+        return self.of(req, seq_len).at(seq_len)

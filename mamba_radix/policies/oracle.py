@@ -40,11 +40,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
-from mamba_radix.policies.future import NEVER, FutureIndex
+from mamba_radix.policies.future import NEVER, FutureIndex, RequestFingerprints
 from mamba_radix.policy import CachePolicy
-from mamba_radix.sim.stamps import PrefixFingerprints
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.eviction import EvictionIndex
@@ -76,7 +73,7 @@ class Oracle(CachePolicy):
         self.cache: object | None = None
         self._swept = -1
         self._due: dict[int, list[TreeNode]] = {}
-        self._req_fps: tuple[object, int, PrefixFingerprints] | None = None  # (rid, length, fps)
+        self._req_fps = RequestFingerprints()
         # a hand-over kept only because its KV carries a later demand's branch point: node id ->
         # (that demand's depth, its next use); the hand-over being inserted now: (depth, carried)
         self._carry: dict[int, tuple[int, int]] = {}
@@ -143,25 +140,16 @@ class Oracle(CachePolicy):
             self.rekey(stale)
 
     # ------------------------------------------------------------------------------------- admission
-    def _fingerprint(self, req: Req, seq_len: int) -> int:
-        cached = self._req_fps
-        if cached is None or cached[0] != req.rid or cached[1] < seq_len:
-            tokens = np.asarray(req.origin_input_ids + req.output_ids, dtype=np.int64)
-            cached = (req.rid, len(tokens), PrefixFingerprints(tokens))
-            self._req_fps = cached
-        return cached[2].at(seq_len)
-
     def _carries(self, req: Req, seq_len: int) -> int:
         """The soonest next exact use of a demand at a grid position in ``(cache_protected_len,
         seq_len)`` of ``req``'s own tokens: the KV handed over carries that branch point (a later request
         discovers it by its KV match), or NEVER. Sets ``_carried_depth``. O(positions * log n)."""
         grid = self.future.grid
-        fps = self._req_fps
-        assert fps is not None
+        fps = self._req_fps.of(req, seq_len)
         best, depth = NEVER, 0
         first = (req.cache_protected_len // grid + 1) * grid
         for g in range(first, seq_len, grid):
-            at = self.future.next_exact(g, fps[2].at(g), self.now)
+            at = self.future.next_exact(g, fps.at(g), self.now)
             if at < best:
                 best, depth = at, g
         self._carried_depth = depth
@@ -170,7 +158,7 @@ class Oracle(CachePolicy):
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
         if not self.admission:
             return True
-        fp = self._fingerprint(req, seq_len)
+        fp = self._req_fps.at(req, seq_len)
         tier, at = self._tier(seq_len, fp)
         if tier == _DEAD:
             at = self._carries(req, seq_len)

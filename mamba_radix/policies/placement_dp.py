@@ -94,6 +94,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from mamba_radix.errors import InvalidArgument
+from mamba_radix.policies.future import RequestFingerprints
 from mamba_radix.policy import CachePolicy
 from mamba_radix.sim.stamps import PrefixFingerprints
 
@@ -574,22 +575,12 @@ class _Recorder(CachePolicy):
     def __init__(self) -> None:
         super().__init__()
         self.created: dict[tuple[int, int], int] = {}
-        self._fps: tuple[object, int, PrefixFingerprints] | None = None
+        self._fps = RequestFingerprints()
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
-        key = (seq_len, _fingerprint(self, req, seq_len))
+        key = (seq_len, self._fps.at(req, seq_len))
         self.created.setdefault(key, int(req.rid))  # type: ignore[arg-type]
         return True
-
-
-def _fingerprint(policy: _Recorder | StaticPlacement, req: Req, seq_len: int) -> int:
-    """The fingerprint of ``req``'s first ``seq_len`` tokens (input then output), cached per request."""
-    cached = policy._fps
-    if cached is None or cached[0] != req.rid or cached[1] < seq_len:
-        tokens = np.asarray(req.origin_input_ids + req.output_ids, dtype=np.int64)
-        cached = (req.rid, len(tokens), PrefixFingerprints(tokens))
-        policy._fps = cached
-    return cached[2].at(seq_len)
 
 
 class StaticPlacement(CachePolicy):
@@ -607,10 +598,10 @@ class StaticPlacement(CachePolicy):
     def __init__(self, keys: Iterable[tuple[int, int]]) -> None:
         super().__init__()
         self.keys = frozenset(keys)
-        self._fps: tuple[object, int, PrefixFingerprints] | None = None
+        self._fps = RequestFingerprints()
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
-        return (seq_len, _fingerprint(self, req, seq_len)) in self.keys
+        return (seq_len, self._fps.at(req, seq_len)) in self.keys
 
 
 def static_placement_policy(
