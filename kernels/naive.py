@@ -24,6 +24,7 @@ Complexity: O(pairs * layers * inner) element moves per tensor, plus an O(pairs)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ from mamba_radix.errors import InvalidArgument
 __all__ = [
     "MOVABLE_ELEMENT_SIZES",
     "bits_view",
+    "copy_slot_ints",
     "copy_slots_ref",
     "copy_slots_trusted",
     "fork_slots_ref",
@@ -152,6 +154,25 @@ def copy_slots_trusted(tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: 
     for t in tensors:
         bits = bits_view(t)
         bits[:, dst] = bits[:, src]
+
+
+def copy_slot_ints(
+    tensors: Sequence[torch.Tensor], src: int, dst: int, host_views: Sequence[Any] | None = None
+) -> None:
+    """``t[:, dst] = t[:, src]`` for every tensor ``t``, for two Python int slots the caller validated
+    (in range, distinct): no index tensor is built, so no host-to-device copy and no sync. With
+    ``host_views`` (numpy byte views of CPU ``tensors``, ``[rows, bytes]`` for one layer or ``[layers,
+    rows, bytes]``, as :class:`~mamba_radix.pools.MambaPool` caches them) one memcpy per tensor; else one
+    torch copy per tensor (a kernel launch each on a device). Side effect: writes slot ``dst``."""
+    if host_views is not None:
+        for v in host_views:
+            if v.ndim == 2:
+                v[dst] = v[src]
+            else:
+                v[:, dst] = v[:, src]
+        return
+    for t in tensors:
+        t[:, dst] = t[:, src]
 
 
 def fork_slots_ref(tensors: Sequence[torch.Tensor], src: int, dst: torch.Tensor) -> None:

@@ -27,6 +27,7 @@ import math
 import operator
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from mamba_radix_kernels import naive
@@ -283,6 +284,7 @@ def copy_slots(
     *,
     check: bool = True,
     backend: str | None = None,
+    host_views: Sequence[Any] | None = None,
 ) -> None:
     """``t[:, dst[i]] = t[:, src[i]]`` for every pool tensor ``t`` (copy-on-write of a matched checkpoint).
 
@@ -291,7 +293,22 @@ def copy_slots(
     Side effects: writes the destination slots (all layers, all tensors). Cost: O(n * bytes_per_slot) on
     the device in one launch; with ``check`` the O(n) index check reads the indices on the host (a stream
     sync for CUDA indices).
+
+    ``check=False`` with one source and one destination given as Python ints in lists (a trusted
+    copy-on-write) takes :func:`naive.copy_slot_ints`: no index tensor, no sync, one copy per tensor;
+    ``host_views`` are numpy byte views of CPU ``tensors`` for it (one memcpy per tensor).
     """
+    if (
+        check is False
+        and backend is None
+        and type(src) is list
+        and type(dst) is list
+        and len(src) == len(dst) == 1
+        and type(src[0]) is int
+        and type(dst[0]) is int
+    ):
+        naive.copy_slot_ints(tensors, src[0], dst[0], host_views)
+        return
     _check_flag(check)
     device, _, num_slots = _pool_layout(tensors)
     s, d = _index(src, "src", device), _index(dst, "dst", device)

@@ -210,7 +210,10 @@ class MambaPool:
         """
         if not check:
             if type(src_slots) is list and type(dst_slots) is list and len(src_slots) == len(dst_slots) == 1:
-                self.copy_slot_trusted(src_slots[0], dst_slots[0])
+                # one slot by host ints through state_ops' trusted path, with the cached byte views
+                state_ops.copy_slots(
+                    self.tensors, src_slots, dst_slots, check=False, host_views=self._host_byte_views()
+                )
                 return
             src_t = torch.as_tensor(src_slots, dtype=torch.int64, device=self.device)
             dst_t = torch.as_tensor(dst_slots, dtype=torch.int64, device=self.device)
@@ -225,22 +228,6 @@ class MambaPool:
         self._free_list.check_unique(dst, "a destination may be written once per copy")
         if dst.numel():
             state_ops.copy_slots(self.tensors, src, dst)
-
-    def copy_slot_trusted(self, src_slot: int, dst_slot: int) -> None:
-        """``state[dst_slot] = state[src_slot]`` for two Python int slots the caller vouches for (allocated,
-        distinct): no check. CPU: one memcpy per tensor through numpy views; a device: one copy kernel per
-        tensor indexed by host ints (no index tensor built, no host sync). Side effect: overwrites
-        ``dst_slot``. O(bytes_per_slot)."""
-        views = self._host_byte_views()
-        if views is not None:
-            for v in views:
-                if v.ndim == 2:  # one layer: [rows, bytes]
-                    v[dst_slot] = v[src_slot]
-                else:
-                    v[:, dst_slot] = v[:, src_slot]
-            return
-        for t in self.tensors:
-            t[:, dst_slot] = t[:, src_slot]
 
     def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
         """Allocate ``num_slots`` slots holding copies of ``src_slot``, or ``None`` and nothing taken.
