@@ -59,7 +59,16 @@ changes what is kept and in which order:
    hit chains stay after the session ends: chat at 23,086 0.7832), value = gain without the size
    (chat 2,885: 0.3748, below SGLang), LRU instead of ``gain / size`` outside junctions (trees 9,008:
    0.7580), ``kv_branch_scale`` 1 or 4 (system prompts 6,370: 0.31-0.32; 16: trees below SGLang; 48 to
-   256: the numbers above).
+   256: the numbers above), the bonus only for hit junctions, ``1 + scale * hits`` (conversation 7.04M
+   0.2240 but 1.76M 0.0849, system prompts 0.947, trees below SGLang), values rounded to powers of two
+   (trees below SGLang), each kind's value weighted by its learned ratio (chat at 23,086 0.7852),
+   ignoring the kind classes for KV (conversation 8M KV tokens / 1,024 slots 0.2193 but 1.76M 0.0825),
+   ``kv_only_first=False`` (conversation 8M / 1,024 0.2076). On the conversation trace the KV order
+   barely matters at the target points (8M KV tokens: 1,024 slots 0.2159, 256 slots 0.1614 with or
+   without it): its ``end`` checkpoints sit in the prompt's last partial 512-token block, which a
+   continuation never shares (the block hashes differ): 913 of 1,866 are declined, 41 of the 953 kept
+   are hit; the hits are at ``mid`` checkpoints (148) and at the ``branch`` checkpoints (88, ratio 0.98)
+   that the continuations' KV matches create.
 
 Ghosts count once (``ghost_once``): a ghost turns one eviction into one hit and is then dropped (it could
 be passed again by every later request sharing its prefix, which drove a kind's ratio past 1: ``branch``
