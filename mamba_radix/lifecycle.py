@@ -249,7 +249,7 @@ class RequestLifecycle:
         """Per admitted request, its tokens as validated so far (the prompt at admission, sampled tokens
         as extends check them), as an ``array('q')``: hand-over keys are cut from it with a ``memcpy``
         instead of being converted from the request's lists again. Weak keys: an entry goes with its
-        request (and :meth:`finish` drops it). Created on first use."""
+        request (and :meth:`cache_finished_req` drops it). Created on first use."""
         table = self.__dict__.get("_checked_token_arrays")
         if table is None:
             table = self.__dict__["_checked_token_arrays"] = WeakKeyDictionary()
