@@ -103,6 +103,41 @@ def _int64_buffer(ids: torch.Tensor | np.ndarray) -> np.ndarray | list[int]:
     return arr.tolist()
 
 
+# Whether a walk with page_size 1, no namespace and a key that fits the scratch buffer takes
+# _walk_in_scratch (a property test turns it off to check it against the general loop).
+_FAST_WALK = True
+
+
+def _walk_in_scratch(
+    scratch: bytearray, tokens: TokenIds, child: TreeNode, num_tokens: int, path: list[TreeNode]
+) -> tuple[list[TreeNode], int, int]:
+    """The walk's loop for the common case: page size 1, no namespace, the key's first ``num_tokens``
+    tokens already copied into ``scratch``; ``child`` is the first edge's node (its first token matched).
+    The same result as :meth:`RadixTree._walk_tokens`'s general loop (a property test checks it), with
+    one bound ``startswith`` (``memcmp``) per whole edge and no page or namespace arithmetic.
+    O(len(tokens) + path)."""
+    startswith = scratch.startswith
+    append = path.append
+    nbytes = num_tokens * 8
+    pos = 0
+    while True:
+        edge = child.key
+        end = pos + len(edge)
+        append(child)
+        if end > num_tokens or not startswith(edge, pos * 8, nbytes):
+            # the first mismatch is inside this edge (or the key ends there): always a partial match
+            return path, pos, prefix_len_bytes(edge, scratch, pos, num_tokens)
+        if end == num_tokens:
+            return path, end, 0
+        children = child.children
+        if not children:
+            return path, end, 0
+        child = children.get(tokens[end])  # type: ignore[assignment]
+        if child is None:
+            return path, end, 0
+        pos = end
+
+
 class Walk(NamedTuple):
     """A read-only walk of a key (:meth:`RadixTree.walk`), reusable by :meth:`RadixTree.match` while the
     tree's structure is unchanged (``version``): a check followed by its match walks once."""
@@ -176,15 +211,22 @@ class RadixTree:
         self.policy = policy if policy is not None else CachePolicy()
         self.policy.bind(self)
         self._prefix_fps = self.policy.needs_prefix_fingerprints
-        self.index = EvictionIndex(CheckpointOrder.from_config(config), keys=self.policy)
-        # the base policy's keys (not a subclass's): _touch_path re-keys only leaves
+        # the base policy's keys (not a subclass's): _touch_path re-keys only leaves, and the index calls
+        # the order's key functions directly (the policy's methods only forward to them: two calls saved
+        # per update)
         self._base_policy_keys = type(self.policy) is CachePolicy
+        self.index = EvictionIndex(
+            CheckpointOrder.from_config(config), keys=None if self._base_policy_keys else self.policy
+        )
         self.full_evictable_size = 0
         self.full_protected_size = 0
         self.mamba_evictable_size = 0
         self.mamba_protected_size = 0
         self.num_nodes = 1
         self.version = 0  # bumped by every structural change (nodes, edges, checkpoints): a Walk's validity
+        # the last _walk's arguments and result, reused by the next _walk of the very same tokens object
+        # while version is unchanged (the cache's pre-insert check walks the key, then insert walks it)
+        self._last_walk: tuple[object, ...] | None = None
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
 
@@ -252,12 +294,36 @@ class RadixTree:
         ``start``'s prefix: (fully matched nodes top-down, tokens they cover, tokens matched into the next
         node's edge, 0 if none). The match length is rounded down to whole pages. ``tokens``: an int64
         array (a key's ``token_ids``; another int sequence is converted first). Edges are compared with
-        ``memcmp`` (:func:`~mamba_radix.node.prefix_len_in`). O(len(tokens))."""
+        ``memcmp`` (:func:`~mamba_radix.node.prefix_len_in`).
+
+        The last walk is remembered: a walk of the very same int64 array object (identity, not
+        equality: a key's ``token_ids``, which nothing mutates), namespace, start and limit while
+        :attr:`version` is unchanged returns a copy of its result in O(path) (the cache checks an insert's
+        KV against a walk, then the insert walks the same key). O(len(tokens)) otherwise."""
+        node = start if start is not None else self.root
+        last = self._last_walk
+        if (
+            last is not None
+            and last[0] is tokens
+            and last[4] == self.version
+            and last[2] is node
+            and last[1] == extra_key
+            and last[3] == limit
+        ):
+            return list(last[5]), last[6], last[7]  # type: ignore[arg-type, return-value]
         if not (isinstance(tokens, array) and tokens.typecode == "q"):
-            tokens = as_token_ids(tokens)
+            return self._walk_tokens(as_token_ids(tokens), extra_key, node, limit)
+        path, pos, partial = self._walk_tokens(tokens, extra_key, node, limit)
+        self._last_walk = (tokens, extra_key, node, limit, self.version, tuple(path), pos, partial)
+        return path, pos, partial
+
+    def _walk_tokens(
+        self, tokens: TokenIds, extra_key: str | None, node: TreeNode, limit: int | None
+    ) -> tuple[list[TreeNode], int, int]:
+        """:meth:`_walk` without the memo, on an int64 array. O(len(tokens))."""
         page = self.page_size
         num_tokens = len(tokens) if limit is None else min(limit, len(tokens))
-        node, path = start if start is not None else self.root, []
+        path: list[TreeNode] = []
         if num_tokens == 0 or not node.children:
             return path, 0, 0
         child = node.children.get(child_key(tokens, 0, page, extra_key))
@@ -270,9 +336,12 @@ class RadixTree:
         nbytes = num_tokens * 8
         if nbytes <= len(scratch):
             memoryview(scratch)[:nbytes] = view.cast("B")
+            if page == 1 and extra_key is None and _FAST_WALK:
+                return _walk_in_scratch(scratch, tokens, child, num_tokens, path)
             haystack: bytearray | None = scratch
         else:
             haystack = None
+        # the general loop: any page size, namespace and key length (and the reference for the one above)
         pos = 0
         while True:
             edge = child.key
@@ -305,27 +374,35 @@ class RadixTree:
 
         The new parent is a tombstone (a state is valid only at the child's end, so none is copied) and
         inherits the child's full lock count, so the lock counters and sizes stay exact. Both halves are
-        touched (stamped ``now``). O(len(child.key)) for the key and value copies.
+        touched (stamped ``now``). The key halves are fresh copies (one ``memcpy`` each); the value halves
+        are views of the child's former value (nothing writes into a node's value, every path's KV is
+        concatenated into a fresh tensor and a free copies what it keeps), so a split makes no tensor
+        copy: two slices, about 1 us each. O(len(child.key)).
         """
         parent = child.parent
         assert parent is not None
-        slot_key = self._child_key(child.key, 0, child.extra_key)
-        new = self._new_node(
-            key_slice(child.key, 0, num_tokens),
-            child.value[:num_tokens].clone(),
-            parent,
-            child.depth - len(child.key) + num_tokens,
-            child.extra_key,
-        )
+        key, value, extra_key = child.key, child.value, child.extra_key
+        head = key_slice(key, 0, num_tokens)
+        new = self._new_node(head, value[:num_tokens], parent, child.depth - len(key) + num_tokens, extra_key)
         new.full_lock_ref = child.full_lock_ref
-        child.key = key_slice(child.key, num_tokens, len(child.key))
-        child.value = child.value[num_tokens:].clone()
+        rest = key_slice(key, num_tokens, len(key))
+        child.key = rest
+        child.value = value[num_tokens:]
         child.parent = new
-        parent.children[slot_key] = new
-        new.children[self._child_key(child.key, 0, child.extra_key)] = child
+        page = self.page_size
+        if page == 1 and extra_key is None:  # child_key's value, without the call
+            parent.children[head[0]] = new  # the slot the child hung from: the same first token
+            new.children[rest[0]] = child
+        else:
+            parent.children[child_key(head, 0, page, extra_key)] = new
+            new.children[child_key(rest, 0, page, extra_key)] = child
         new.last_access = now
         child.last_access = now
-        self.index.update(new)
+        # The new node is an internal tombstone: a candidate in neither set, whatever the policy, so it
+        # needs no index update. The child keeps its membership; with the base policy only a leaf's key
+        # reads last_access (the only field that changed), so an internal child needs none either.
+        if child.children and self._base_policy_keys:
+            return new
         self.index.update(child)
         return new
 
@@ -372,17 +449,18 @@ class RadixTree:
         """
         if walk is None or walk.key is not key or walk.version != self.version:
             walk = self.walk(key)
-        path, pos, partial = list(walk.path), walk.pos, walk.partial
+        path, pos, partial = walk.path, walk.pos, walk.partial
         now = self.tick()
-        if partial:
+        if partial:  # the walk's own list stays as it was (copied only when it changes)
+            path = path.copy()
             path[-1] = self._split(path[-1], partial, now)
             pos += partial
         self._touch_path(path, now)
         best_idx = len(path) - 1
         while best_idx >= 0 and path[best_idx].mamba_slot is None:
             best_idx -= 1
-        if best_idx < 0:
-            return TreeMatch(_empty_kv(self.device), self.root, 0, pos)
+        if best_idx < 0:  # no hit: the shared empty tensor (nothing can be written into zero elements)
+            return TreeMatch(self._no_kv, self.root, 0, pos)
         best = path[best_idx]
         if self.config.mamba_lru_refresh == "path":
             for node in path[: best_idx + 1]:

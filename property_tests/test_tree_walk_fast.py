@@ -1,0 +1,144 @@
+"""The tree walk's fast paths against their references (issue 12: a fast core keeps a pure-Python reference
+and a test that the two agree): the page-1 loop (``_walk_in_scratch``) against the general loop, the memo
+of the last walk against a fresh walk, and splits whose value halves are views against a plain model."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mamba_radix import CacheConfig, RadixKey
+from mamba_radix import tree as tree_mod
+from mamba_radix.invariants import check_tree_invariants
+from mamba_radix.node import TreeNode
+from mamba_radix.tree import RadixTree
+
+keys_st = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=20), min_size=1, max_size=10)
+queries_st = st.lists(st.lists(st.integers(0, 2), max_size=24), min_size=1, max_size=6)
+
+
+@contextlib.contextmanager
+def fast_walk(on: bool) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tree_mod, "_FAST_WALK", on)
+        yield
+
+
+def _tree(keys: list[list[int]], matches: list[list[int]]) -> RadixTree:
+    """A tree of ``keys`` (KV index = 1000 * depth + first token, a checkpoint at each key's end), then
+    ``matches`` matched (their splits included)."""
+    tree = RadixTree(CacheConfig(mamba_radix_cache_strategy="no_buffer"))
+    slot = 1
+    for key in keys:
+        kv = torch.tensor([1000 * (i + 1) + t for i, t in enumerate(key)], dtype=torch.int64)
+        if not tree.insert(RadixKey(key), kv, slot).mamba_exists:
+            slot += 1
+    for key in matches:
+        tree.match(RadixKey(key))
+    return tree
+
+
+def _ids(result: tuple[list[TreeNode], int, int]) -> tuple[list[int], int, int]:
+    path, pos, partial = result
+    return [node.id for node in path], pos, partial
+
+
+@given(keys=keys_st, matches=queries_st, queries=queries_st, limit=st.none() | st.integers(0, 30))
+def test_fast_walk_equals_the_general_loop(
+    keys: list[list[int]], matches: list[list[int]], queries: list[list[int]], limit: int | None
+) -> None:
+    """From the root and from every node, with and without a limit: the same path, position and partial
+    length from the page-1 loop as from the general loop."""
+    tree = _tree(keys, matches)
+    for query in queries:
+        tokens = RadixKey(query).token_ids
+        for start in tree.nodes():
+            rest = tokens  # any continuation: the walk compares from the start node's children on
+            with fast_walk(True):
+                fast = _ids(tree._walk_tokens(rest, None, start, limit))
+            with fast_walk(False):
+                general = _ids(tree._walk_tokens(rest, None, start, limit))
+            assert fast == general
+
+
+def _walk_reference(tree: RadixTree, query: list[int]) -> tuple[list[int], int, int]:
+    """The walk in plain Python on the node keys as lists: the matched path, tokens fully matched and the
+    tokens matched into the next edge."""
+    node, pos, path = tree.root, 0, []
+    while pos < len(query):
+        child = node.children.get(query[pos])
+        if child is None:
+            break
+        edge = list(child.key)
+        n = 0
+        while n < len(edge) and pos + n < len(query) and edge[n] == query[pos + n]:
+            n += 1
+        path.append(child.id)
+        if n < len(edge):
+            return path, pos, n
+        pos, node = pos + n, child
+    return path, pos, 0
+
+
+@given(keys=keys_st, matches=queries_st, queries=queries_st)
+def test_walk_equals_a_plain_python_walk(
+    keys: list[list[int]], matches: list[list[int]], queries: list[list[int]]
+) -> None:
+    tree = _tree(keys, matches)
+    for query in queries:
+        key = RadixKey(query)
+        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+
+
+@given(keys=keys_st, queries=queries_st, later=st.lists(st.integers(0, 2), min_size=1, max_size=20))
+def test_the_walk_memo_never_returns_a_stale_walk(
+    keys: list[list[int]], queries: list[list[int]], later: list[int]
+) -> None:
+    """A repeated walk of one key object is served by the memo only while the tree is unchanged: after an
+    insert, a match (which may split) or an eviction it is walked again; a caller that changes the
+    returned path does not change the next answer."""
+    tree = _tree(keys, [])
+    slot = 10_000
+    for query in queries:
+        key = RadixKey(query)
+        first = tree._walk(key.token_ids, None)
+        again = tree._walk(key.token_ids, None)
+        assert _ids(again) == _ids(first) == _walk_reference(tree, query)
+        again[0].append(tree.root)  # a caller's change to its copy
+        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        kv = torch.arange(len(later), dtype=torch.int64) + 50_000
+        tree.insert(RadixKey(later), kv, slot)
+        slot += 1
+        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        tree.match(RadixKey(later[: len(later) // 2 + 1]))
+        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        tree.evict(num_tokens=3)
+        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        # another key object with equal tokens is walked afresh, and agrees
+        assert _ids(tree._walk(RadixKey(query).token_ids, None)) == _walk_reference(tree, query)
+
+
+@given(keys=keys_st, matches=queries_st)
+def test_split_values_are_the_tokens_kv(keys: list[list[int]], matches: list[list[int]]) -> None:
+    """Splits hand the halves views of the old value: every node's value is still the KV of its own
+    tokens (1000 * position + token), and every match returns fresh, contiguous KV."""
+    tree = _tree(keys, matches)
+    check_tree_invariants(tree)
+    for node in tree.nodes():
+        if node is tree.root:
+            continue
+        start = node.depth - len(node.key)
+        want = [1000 * (start + i + 1) + t for i, t in enumerate(node.key)]
+        assert node.value.tolist() == want
+    for key in matches:
+        m = tree.match(RadixKey(key))
+        got = m.device_indices
+        assert got.tolist() == [1000 * (i + 1) + t for i, t in enumerate(key[: m.hit_len])]
+        if got.numel():
+            for node in tree.nodes():  # never a node's storage
+                assert got.data_ptr() != node.value.data_ptr()
