@@ -55,7 +55,12 @@ changes what is kept and in which order:
    shared system prompts 0.846 -> 0.976 (3,185 KV tokens: 0.0794 -> 0.1132, the oracle's; 6,370: 0.2863
    -> 0.4776, Marconi 0.4472), trees 0.963 -> 0.965, chat 0.907 -> 0.908 (5,771 KV tokens: 0.4795, 0.0012
    below SGLang's 0.4807), agent loops 0.965 (=), conversation 0.630 -> 0.634 (1.76M KV tokens 0.0840 ->
-   0.0932, 7.04M 0.2232 -> 0.2158). What was tried and lost: frequency on every kind (chat sessions'
+   0.0932, 7.04M 0.2232 -> 0.2158). On seeds 1 and 2 of the synthetic workloads (nothing was tuned on
+   them), same points: shared system prompts at 6,370 KV tokens 0.4845 and 0.3622 (SGLang 0.3513 and
+   0.2052, Marconi 0.3827 and 0.2709, LRU inside the class 0.3030 and 0.1624); but trees fall below SGLang
+   at 9,008 and 18,016 KV tokens (seed 1: 0.7679 against 0.7828, 0.8014 against 0.8212; seed 2 at 18,016:
+   0.7891 against 0.7965: junction and size values keep dead forks of a finished level), and chat by at
+   most 0.0024 at three points. What was tried and lost: frequency on every kind (chat sessions'
    hit chains stay after the session ends: chat at 23,086 0.7832), value = gain without the size
    (chat 2,885: 0.3748, below SGLang), LRU instead of ``gain / size`` outside junctions (trees 9,008:
    0.7580), ``kv_branch_scale`` 1 or 4 (system prompts 6,370: 0.31-0.32; 16: trees below SGLang; 48 to
