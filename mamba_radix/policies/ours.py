@@ -68,7 +68,10 @@ changes what is kept and in which order:
    0.2240 but 1.76M 0.0849, system prompts 0.947, trees below SGLang), values rounded to powers of two
    (trees below SGLang), each kind's value weighted by its learned ratio (chat at 23,086 0.7852),
    ignoring the kind classes for KV (conversation 8M KV tokens / 1,024 slots 0.2193 but 1.76M 0.0825),
-   ``kv_only_first=False`` (conversation 8M / 1,024 0.2076). On the conversation trace the KV order
+   ``kv_only_first=False`` (conversation 8M / 1,024 0.2076), a junction bonus lasting twice its mean
+   gap between hits instead of ``64 * (1 + hits)`` (system prompts seed 2 at 6,370: 0.1567), no bonus
+   once a checkpoint below the junction was hit (no change: a tree's last-level forks, whose children
+   are never continued, look like system prompts). On the conversation trace the KV order
    barely matters at the target points (8M KV tokens: 1,024 slots 0.2159, 256 slots 0.1614 with or
    without it): its ``end`` checkpoints sit in the prompt's last partial 512-token block, which a
    continuation never shares (the block hashes differ): 913 of 1,866 are declined, 41 of the 953 kept
