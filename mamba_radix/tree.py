@@ -149,13 +149,54 @@ class Walk(NamedTuple):
     version: int
 
 
-class TreeMatch(NamedTuple):
-    """What :meth:`RadixTree.match` found."""
+class TreeMatch:
+    """What :meth:`RadixTree.match` found.
 
-    device_indices: torch.Tensor  # KV indices of [0, hit_len)
-    best: TreeNode  # the deepest node with a checkpoint on the matched path; the root if none
-    hit_len: int  # tokens up to best's end (the usable hit)
-    full_kv_hit_len: int  # tokens whose KV matched, >= hit_len
+    - ``kv_chunks``: the KV indices of ``[0, hit_len)`` as the matched nodes' own values, top-down (a
+      tuple of tensors; read-only: they are the tree's). A caller that writes the hit into a buffer it
+      owns (a request's row) copies them there in one call, ``torch.cat(m.kv_chunks, out=row[:hit_len])``,
+      without the intermediate tensor ``device_indices`` costs (on a long path that fresh allocation
+      page-faults its way in: tens of µs);
+    - ``device_indices``: the same indices as one fresh tensor (concatenated on first access, then kept;
+      never a node's storage);
+    - ``best``: the deepest node with a checkpoint on the matched path, the root if none;
+    - ``hit_len``: tokens up to ``best``'s end (the usable hit);
+    - ``full_kv_hit_len``: tokens whose KV matched, ``>= hit_len``.
+
+    The node values never change in place (a split gives the halves views, an eviction hands the
+    tensor to the allocator, which copies what it keeps), so a late ``device_indices`` is the match's.
+    """
+
+    __slots__ = ("_indices", "best", "full_kv_hit_len", "hit_len", "kv_chunks")
+
+    def __init__(
+        self,
+        kv_chunks: tuple[torch.Tensor, ...],
+        best: TreeNode,
+        hit_len: int,
+        full_kv_hit_len: int,
+        indices: torch.Tensor | None = None,
+    ) -> None:
+        self.kv_chunks = kv_chunks
+        self.best = best
+        self.hit_len = hit_len
+        self.full_kv_hit_len = full_kv_hit_len
+        self._indices = indices
+
+    @property
+    def device_indices(self) -> torch.Tensor:
+        """KV indices of ``[0, hit_len)``, one fresh tensor (``torch.cat`` of :attr:`kv_chunks` on the
+        first access, O(hit_len); later accesses return the same tensor)."""
+        if self._indices is None:
+            # torch.cat copies even a single chunk: the caller never aliases a node's value
+            self._indices = torch.cat(self.kv_chunks)
+        return self._indices
+
+    def __repr__(self) -> str:
+        return (
+            f"TreeMatch(best={self.best.id}, hit_len={self.hit_len}, "
+            f"full_kv_hit_len={self.full_kv_hit_len}, chunks={len(self.kv_chunks)})"
+        )
 
 
 class TreeInsert(NamedTuple):
@@ -460,16 +501,15 @@ class RadixTree:
         while best_idx >= 0 and path[best_idx].mamba_slot is None:
             best_idx -= 1
         if best_idx < 0:  # no hit: the shared empty tensor (nothing can be written into zero elements)
-            return TreeMatch(self._no_kv, self.root, 0, pos)
+            return TreeMatch((), self.root, 0, pos, self._no_kv)
         best = path[best_idx]
         if self.config.mamba_lru_refresh == "path":
             for node in path[: best_idx + 1]:
                 self._touch_mamba(node, now)
         else:
             self._touch_mamba(best, now)
-        # torch.cat copies even a single chunk: the caller never aliases a node's value
-        indices = torch.cat([node.value for node in path[: best_idx + 1]])
-        return TreeMatch(indices, best, best.depth, pos)
+        # the KV stays in the nodes' chunks until the caller asks for one tensor (or writes them out)
+        return TreeMatch(tuple([node.value for node in path[: best_idx + 1]]), best, best.depth, pos)
 
     # ------------------------------------------------------------------------------------------- insert
     def insert(

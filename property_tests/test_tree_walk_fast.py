@@ -137,8 +137,14 @@ def test_split_values_are_the_tokens_kv(keys: list[list[int]], matches: list[lis
         assert node.value.tolist() == want
     for key in matches:
         m = tree.match(RadixKey(key))
+        want = [1000 * (i + 1) + t for i, t in enumerate(key[: m.hit_len])]
+        row = torch.full((m.hit_len + 3,), -1, dtype=torch.int64)  # a caller's buffer: chunks written out
+        if m.kv_chunks:
+            torch.cat(m.kv_chunks, out=row[: m.hit_len])
+        assert row.tolist() == [*want, -1, -1, -1]
+        assert [t for chunk in m.kv_chunks for t in chunk.tolist()] == want
         got = m.device_indices
-        assert got.tolist() == [1000 * (i + 1) + t for i, t in enumerate(key[: m.hit_len])]
+        assert got.tolist() == want and m.device_indices is got  # concatenated once
         if got.numel():
             for node in tree.nodes():  # never a node's storage
                 assert got.data_ptr() != node.value.data_ptr()
