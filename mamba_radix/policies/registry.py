@@ -154,8 +154,9 @@ POLICIES: dict[str, PolicySpec] = {
             "ours",
             "Ours: learned kind-aware admission (branch / prompt end / mid-prefill / decode, each kind's "
             "hit ratio learned online), supersession (an older checkpoint on a fork-free path below which a "
-            "newer one landed goes first, unless such checkpoints prove to be hit) and GreedyDual inside a "
-            "class (a checkpoint's priority is the tokens it saves over its fallback, aged by the victims).",
+            "newer one landed goes first, unless such checkpoints prove to be hit), GreedyDual inside a class "
+            "(a checkpoint's priority is the tokens it saves over its fallback, aged by the victims) and "
+            "GreedyDual-Size-Frequency for KV leaves (tokens saved per KV token, x64(1+hits) at junctions).",
             "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
             _current,
             lambda config, ctx: Sift(),
