@@ -32,6 +32,17 @@ The table prints the bare trie's requests/s and median match / insert times next
     .venv/bin/python benchmarks/bench_tree.py                       # default: 2,000 requests, 3 capacities
     .venv/bin/python benchmarks/bench_tree.py --num-requests 500 --capacities 262144
     .venv/bin/python benchmarks/bench_tree.py --keys 1024,131072,1048576   # key compares only
+    .venv/bin/python benchmarks/bench_tree.py --large-tree 100000          # ~30 s; --profile lt.prof
+
+The large-tree stage (``--large-tree NODES``) is ``bench_vs_sglang.py``'s tree case for our cache alone,
+in seconds instead of minutes (no SGLang beside it): random branching keys (a prefix of an earlier key,
+cut anywhere, plus 16-128 fresh tokens) inserted until the tree has ``NODES`` nodes, then
+``--measured`` rounds of one ``match_prefix`` (a random prefix of an inserted key) and one ``insert`` of a
+new key. It prints the median of each cache call and of the tree's part of it (``RadixTree.match``;
+``RadixTree.insert``; the walk of the cache's pre-insert check), so the tree core's share and the cache's
+glue are read apart; ``--profile FILE`` also writes a cProfile of the measured rounds (pstats format).
+For the ratios against SGLang run ``bench_vs_sglang.py --stages tree``, whose medians are higher
+(SGLang's tree, interleaved call by call, leaves the caches colder).
 
 The key stage (``--keys``) times one edge compare, whole match and a mismatch in the middle, with tuple
 keys (the representation before int64 keys, its compare kept here as the baseline) and with int64 keys,
@@ -331,6 +342,113 @@ def bench_keys(lengths: list[int], repeats: int) -> None:
         )
 
 
+class _Timed:
+    """Wraps ``obj.name`` (an instance attribute shadowing the method): per-call wall ns while ``on``."""
+
+    def __init__(self, obj: object, name: str) -> None:
+        self.samples: list[int] = []
+        self.on = False
+        inner = getattr(obj, name)
+
+        def timed(*args: object, **kwargs: object) -> object:
+            if not self.on:
+                return inner(*args, **kwargs)
+            t0 = time.perf_counter_ns()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.samples.append(time.perf_counter_ns() - t0)
+
+        setattr(obj, name, timed)
+
+    def median_us(self) -> float:
+        return statistics.median(self.samples) / 1e3 if self.samples else float("nan")
+
+
+def bench_large_tree(nodes: int, measured: int, seed: int, profile: Path | None) -> None:
+    """``bench_vs_sglang.py``'s large-tree case, our cache alone: build a tree of ``nodes`` nodes from
+    random branching keys, then ``measured`` rounds of one ``match_prefix`` and one ``insert``; print the
+    median µs of the cache calls and of the tree's part of each (markdown). Same config and pools as
+    there (extra_buffer, the sglang-0.5.20 preset)."""
+    import cProfile
+    import random
+
+    from mamba_radix.peers import apply_peer
+
+    rng = random.Random(seed)
+    config = apply_peer(CacheConfig(mamba_radix_cache_strategy="extra_buffer"), "sglang-0.5.20")
+    est_keys = nodes + 2 * measured + 2000
+    cache = MambaRadixCache.build(
+        config,
+        num_tokens=est_keys * 80 + 1_000_000,
+        num_slots=est_keys + 16,
+        max_running_requests=2,
+        max_context_len=4097,
+        conv_shapes=((8,),),
+        temporal_shape=(4,),
+    )
+    tree, alloc, slots = cache.tree, cache.token_to_kv_pool_allocator, cache.mamba_pool
+    keys: list[list[int]] = []
+    next_token = [1_000_000_000]
+
+    def new_key() -> list[int]:
+        head: list[int] = []
+        if keys and rng.random() < 0.95:
+            parent = keys[rng.randrange(len(keys))]
+            head = parent[: rng.randint(1, len(parent))]
+        n = rng.randint(16, 128)
+        fresh = list(range(next_token[0], next_token[0] + n))
+        next_token[0] += n
+        return head + fresh
+
+    def insert(key: list[int]) -> None:
+        kv, slot = alloc.alloc(len(key)), slots.alloc(1)
+        assert kv is not None and slot is not None, "large-tree pools too small"
+        if cache.insert(RadixKey(key), kv, int(slot[0])).mamba_exists:
+            slots.free([int(slot[0])])
+        keys.append(key)
+
+    t0 = time.perf_counter()
+    while tree.num_nodes < nodes:
+        insert(new_key())
+    built_s = time.perf_counter() - t0
+    rounds = []
+    for _ in range(measured):
+        key = keys[rng.randrange(len(keys))]
+        rounds.append((RadixKey(key[: rng.randint(1, len(key))]), new_key()))
+    timers = {
+        "cache.match_prefix": _Timed(cache, "match_prefix"),
+        "tree.match (walk, split, stamps)": _Timed(tree, "match"),
+        "cache.insert": _Timed(cache, "insert"),
+        "tree.insert": _Timed(tree, "insert"),
+        "tree._walk (match's, the check's, the insert's memo hit)": _Timed(tree, "_walk"),
+    }
+    for timer in timers.values():
+        timer.on = True
+    prof = cProfile.Profile() if profile is not None else None
+    if prof is not None:
+        prof.enable()
+    for match_key, insert_key in rounds:
+        cache.match_prefix(match_key)
+        insert(insert_key)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(str(profile))
+    print(
+        f"large tree: {tree.num_nodes:,} nodes from {len(keys) - measured:,} keys (built in {built_s:.1f} s), "
+        f"{measured:,} rounds of match_prefix + insert\n"
+    )
+    print("| call | calls | median µs |\n|---|---:|---:|")
+    for label, timer in timers.items():
+        print(f"| {label} | {len(timer.samples):,} | {timer.median_us():.1f} |")
+    print(
+        "\ntree._walk: three a round, the walk of match, the walk of the cache's pre-insert KV check and "
+        "the insert's, which reuses the latter (RadixTree._walk remembers its last walk)."
+    )
+    if profile is not None:
+        print(f"cProfile of the measured rounds written to {profile}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE.resolve())
@@ -355,8 +473,20 @@ def main() -> None:
         "tuple keys (the former representation) against int64 keys",
     )
     parser.add_argument("--repeats", type=int, default=21, help="samples per key-stage median")
+    parser.add_argument(
+        "--large-tree",
+        type=int,
+        metavar="NODES",
+        help="only the large-tree stage: our cache alone on bench_vs_sglang.py's tree case, built to NODES",
+    )
+    parser.add_argument("--measured", type=int, default=2000, help="large-tree rounds (match + insert)")
+    parser.add_argument("--seed", type=int, default=0, help="large-tree key generator seed")
+    parser.add_argument("--profile", type=Path, help="large-tree: write a cProfile of the rounds here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.large_tree:
+        bench_large_tree(args.large_tree, args.measured, args.seed, args.profile)
+        return
     if args.keys:
         bench_keys([int(x) for x in args.keys.split(",")], args.repeats)
         return
