@@ -243,6 +243,32 @@ class EvictionIndex:
         else:
             self._nodes[node.id] = node
 
+    def update_full_stamp(self, node: TreeNode) -> None:
+        """:meth:`update` after a change of ``node.last_access`` alone, for keys whose checkpoint key and
+        memberships do not read it (the order's own keys, not a research policy's): only the full-KV key
+        is re-derived. The tree calls it on a touch. O(log n); no-op if the key did not change."""
+        old = node.full_evict_key
+        if old is not None:  # a full candidate stays one: a stamp changes no membership
+            new = self._full_key(node)
+            if new != old:
+                candidates = self._full
+                candidates.remove(old)
+                candidates.add(new)
+                node.full_evict_key = new
+
+    def update_mamba_stamp(self, node: TreeNode) -> None:
+        """:meth:`update` after a change of ``node.mamba_last_access`` alone, for the order's own keys (the
+        full-KV key and both memberships do not read it): only the checkpoint key is re-derived.
+        O(log n); no-op if the key did not change."""
+        old = node.mamba_evict_key
+        if old is not None:
+            new = self._mamba_key(node)
+            if new != old:
+                candidates = self._mamba
+                candidates.remove(old)
+                candidates.add(new)
+                node.mamba_evict_key = new
+
     def remove(self, node: TreeNode) -> None:
         """Drop ``node`` from both sets (it is leaving the tree). O(log n)."""
         if node.full_evict_key is not None:

@@ -442,9 +442,10 @@ class RadixTree:
         # The new node is an internal tombstone: a candidate in neither set, whatever the policy, so it
         # needs no index update. The child keeps its membership; with the base policy only a leaf's key
         # reads last_access (the only field that changed), so an internal child needs none either.
-        if child.children and self._base_policy_keys:
-            return new
-        self.index.update(child)
+        if not self._base_policy_keys:
+            self.index.update(child)
+        elif not child.children:
+            self.index.update_full_stamp(child)
         return new
 
     def _touch_path(self, path: list[TreeNode], now: int) -> None:
@@ -456,8 +457,8 @@ class RadixTree:
             for node in path:
                 if node.last_access != now:
                     node.last_access = now
-                    if not node.children:
-                        self.index.update(node)
+                    if not node.children:  # only the full key reads the stamp, and only a leaf has one
+                        self.index.update_full_stamp(node)
             return
         for node in path:
             if node.last_access != now:
@@ -465,9 +466,14 @@ class RadixTree:
                 self.index.update(node)
 
     def _touch_mamba(self, node: TreeNode, now: int) -> None:
+        """Stamp the checkpoint recency of ``node`` (if it holds one) and re-key it: with the base policy
+        only its checkpoint key reads the stamp. O(log n)."""
         if node.mamba_slot is not None and node.mamba_last_access != now:
             node.mamba_last_access = now
-            self.index.update(node)
+            if self._base_policy_keys:
+                self.index.update_mamba_stamp(node)
+            else:
+                self.index.update(node)
 
     # -------------------------------------------------------------------------------------------- match
     def walk(self, key: RadixKey) -> Walk:
