@@ -49,6 +49,7 @@ def tiny_thresholds() -> Iterator[None]:
         patch.setattr(node_mod, "_NUMPY_CHUNK_TOKENS", 4)
         patch.setattr(node_mod, "_LINEAR_TOKENS", 2)
         patch.setattr(tree_mod, "_SCRATCH_TOKENS", 2)
+        patch.setattr(node_mod, "_SLICE_COPY_TOKENS", 2)
         yield
 
 
@@ -216,3 +217,18 @@ def _walks_match_the_model(page_size: int, inserted: list[list[int]], queries: l
         check_tree_invariants(tree)
     for node in tree.nodes():
         assert type(node.key) is TokenIds
+
+
+@given(tokens=wide_tokens_st, data=st.data())
+def test_key_slice_is_the_slice_on_both_paths(tokens: list[int], data: st.DataObject) -> None:
+    """key_slice (a slice and a copy up to _SLICE_COPY_TOKENS, one memcpy through a memoryview beyond)
+    equals the list slice, as a fresh TokenIds, from a TokenIds or a plain int64 array."""
+    start = data.draw(st.integers(0, len(tokens)))
+    stop = data.draw(st.integers(start, len(tokens)))
+    for source in (TokenIds("q", tokens), array("q", tokens)):
+        with tiny_thresholds():
+            long_path = key_slice(source, start, stop)
+        short_path = key_slice(source, start, stop)
+        for got in (long_path, short_path):
+            assert type(got) is TokenIds and got == tokens[start:stop]
+            assert got is not source
