@@ -9,8 +9,8 @@ setup:
 
 # The main job, the policy comparison (the bundled definition `default`): every registered policy, the
 # offline oracle, the infinite-capacity line and the ideal, token hit rate against memory where state slots
-# bind and where KV binds, on 2,000 Mooncake conversation requests and four synthetic workloads; about 600
-# CPU-seconds of runs (about 5 minutes on 2 idle cores), one progress bar in requests. Writes a new folder
+# bind and where KV binds, on 2,000 Mooncake conversation requests and four synthetic workloads; about 400
+# CPU-seconds of runs (211 s measured on 2 idle cores), one progress bar in requests. Writes a new folder
 # experiments/results/default-<UTC time>/ (git-ignored); the report compares its numbers with the committed
 # reference (experiments/reference/default/). The former default, SGLang's knobs one at a time in timed
 # mode, is `mamba-radix experiment --definition sglang-knobs` (reference: experiments/reference/sglang-knobs/).

@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
             "main job: every registered policy, the offline oracle, the infinite-capacity line and the ideal, "
             "token hit rate against memory (log scale) where state slots bind and where KV binds, at equal bytes "
             "(Kimi K3), on the first 2,000 requests of the Mooncake conversation trace and four synthetic "
-            "workloads; about 600 CPU-seconds of runs, so about 5 minutes on 2 idle cores (17 minutes measured on a shared, loaded machine). `--definition sglang-knobs` runs the former default "
+            "workloads; about 400 CPU-seconds of runs: 211 s measured on 2 idle cores, 17 minutes on a loaded one. "
+            "`--definition sglang-knobs` runs the former default "
             "(SGLang's knobs one at a time, timed mode, 10,000 requests)."
         ),
         epilog=EXAMPLES["experiment"],
