@@ -70,14 +70,15 @@ def test_int_list_frees_equal_tensor_frees(backend: str) -> None:
     assert pools[0].alloc(11).tolist() == pools[1].alloc(11).tolist()  # the same free order
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: TokenToKVPoolAllocator(64),
-        lambda: TokenToKVPoolAllocator(64, backend="torch"),
-        lambda: PagedTokenToKVPoolAllocator(64, 4),
-    ],
-)
+# every KV allocator kind the fast paths serve: host free list, torch free list, paged
+ALLOCATORS = [
+    lambda: TokenToKVPoolAllocator(64),
+    lambda: TokenToKVPoolAllocator(64, backend="torch"),
+    lambda: PagedTokenToKVPoolAllocator(64, 4),
+]
+
+
+@pytest.mark.parametrize("make", ALLOCATORS)
 def test_all_allocated_agrees_with_the_mask_for_int32_and_int64(make) -> None:
     alloc = make()
     held = alloc.alloc(16)
@@ -243,14 +244,7 @@ def test_trusted_donation_and_release_leave_the_pool_as_the_checked_ones() -> No
     assert states[0] == states[1]
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: TokenToKVPoolAllocator(64),
-        lambda: TokenToKVPoolAllocator(64, backend="torch"),
-        lambda: PagedTokenToKVPoolAllocator(64, 4),
-    ],
-)
+@pytest.mark.parametrize("make", ALLOCATORS)
 def test_has_repeats_agrees_with_unique(make) -> None:
     alloc = make()
     rng = random.Random(5)
