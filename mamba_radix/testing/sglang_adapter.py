@@ -73,6 +73,7 @@ from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.known import KnownFailure, KnownIssue
 from mamba_radix.testing.params import slots_per_request, suite_params
 from mamba_radix.testing.sglang import SGLangModules, load_sglang
+from mamba_radix.testing.sglang.pools import advance_track
 from mamba_radix.testing.sglang.replay import ExtendRange, KvRecord
 from mamba_radix.testing.stamps import EMPTY_STAMP, StampStore
 
@@ -475,8 +476,7 @@ class SGLangAdapter:
             return
         aligned = start + n // self.grid * self.grid
         kv = req.kv
-        kv.mamba_last_track_idx = kv.mamba_next_track_idx
-        kv.mamba_next_track_idx = self.req_pool.get_mamba_ping_pong_other_idx(kv.mamba_next_track_idx)
+        advance_track(self.req_pool, kv)
         branch = req.mamba_branching_seqlen
         if (
             branch is not None
@@ -512,9 +512,7 @@ class SGLangAdapter:
             if self.extra_buffer and (kv + 1) % self.track_grid == 0:
                 r = req.kv
                 r.mamba_last_track_seqlen = kv + 1
-                r.mamba_last_track_idx = r.mamba_next_track_idx
-                r.mamba_next_track_idx = self.req_pool.get_mamba_ping_pong_other_idx(r.mamba_next_track_idx)
-                track = int(r.mamba_ping_pong_track_buffer[r.mamba_last_track_idx])  # type: ignore[index]
+                track = int(r.mamba_ping_pong_track_buffer[advance_track(self.req_pool, r)])  # type: ignore[index]
                 self.stamps.write(track, req.tokens[: kv + 1])
         return []  # decode hands nothing to the tree (decoding_reqs suppresses cache_unfinished_req)
 

@@ -54,6 +54,7 @@ import torch
 
 from mamba_radix.errors import MambaRadixError
 from mamba_radix.testing.sglang.loader import SGLangModules
+from mamba_radix.testing.sglang.pools import advance_track
 
 __all__ = [
     "INFINITE",
@@ -492,8 +493,7 @@ class _Driver:
         track_seqlen = end
         if prefix + n // FLA_CHUNK_SIZE * FLA_CHUNK_SIZE != aligned:
             track_seqlen = aligned + 1  # forced read of an intermediate state
-        req.kv.mamba_last_track_idx = req.kv.mamba_next_track_idx
-        req.kv.mamba_next_track_idx = self.req_pool.get_mamba_ping_pong_other_idx(req.kv.mamba_next_track_idx)
+        advance_track(self.req_pool, req.kv)
         branch = req.mamba_branching_seqlen
         if branch is not None and prefix < branch < track_seqlen and (branch - prefix) % chunk == 0:
             aligned = branch
@@ -515,12 +515,10 @@ class _Driver:
             raise ReplayError(f"request {req.rid}: decode out of KV memory")
         self.req_pool.write((req.kv.req_pool_idx, kv), out)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = kv + 1
-        track_idx = req.kv.mamba_next_track_idx
         req.output_ids.append(req.all_output[len(req.output_ids)])
         if self.cfg.extra_buffer and (kv + 1) % self.cfg.track_grid == 0:
             req.kv.mamba_last_track_seqlen = kv + 1
-            req.kv.mamba_last_track_idx = track_idx
-            req.kv.mamba_next_track_idx = self.req_pool.get_mamba_ping_pong_other_idx(track_idx)
+            advance_track(self.req_pool, req.kv)
             if self.cfg.insert_at_decode_boundary and len(req.output_ids) < len(req.all_output):
                 req.refresh_fill_ids()
                 req.extend_range = ExtendRange(kv, kv + 1)
