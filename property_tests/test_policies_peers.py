@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lifecycle_helpers import serve_prompt
 
 from mamba_radix import CacheConfig, MambaRadixCache, Req
 from mamba_radix.policies.marconi import Marconi, marconi_config
@@ -34,21 +35,6 @@ def insert(cache: MambaRadixCache, tokens: list[int]) -> None:
 
 def checkpoint_depths(cache: MambaRadixCache) -> list[int]:
     return sorted(n.depth for n in cache.tree.nodes() if n.mamba_slot is not None)
-
-
-def serve(cache: MambaRadixCache, prompt: list[int], rid: int, chunk: int = 64) -> None:
-    req = Req(rid=rid, origin_input_ids=prompt)
-    assert cache.admit(req, max_new_tokens=1)
-    while req.kv_len < len(prompt):
-        plan = cache.extend(req, min(chunk, len(prompt) - req.kv_len))
-        assert plan is not None
-        write_stamp(cache.mamba_pool, plan.live_slot, fingerprint(prompt[: plan.end]), plan.end)
-        if plan.track_slot is not None:
-            write_stamp(
-                cache.mamba_pool, plan.track_slot, fingerprint(prompt[: plan.track_len]), plan.track_len
-            )
-        cache.commit(plan, finished=plan.end == len(prompt))
-    cache.finish(req)
 
 
 # ------------------------------------------------------------------------------------ coverage thinning
@@ -98,11 +84,11 @@ def test_thinning_keeps_forks_and_reused_checkpoints() -> None:
 def test_sparse_retention_keeps_prompt_ends_and_junctions_only() -> None:
     cache = MambaRadixCache.build(EXTRA, num_tokens=4096, num_slots=32, policy=SparseRetention())
     first = list(range(1, 201))
-    serve(cache, first, rid=0)  # chunks hand over 64, 128, 192: only the prompt's end (192) is kept
+    serve_prompt(cache, first, rid=0)  # chunks hand over 64, 128, 192: only the prompt's end (192) is kept
     assert checkpoint_depths(cache) == [192]
     assert cache.stats.checkpoints_declined == 2
     # a request sharing 100 tokens: its KV match ends at 100, so the junction 64 is its branch point
-    serve(cache, [*first[:100], *range(5000, 5100)], rid=1)
+    serve_prompt(cache, [*first[:100], *range(5000, 5100)], rid=1)
     assert checkpoint_depths(cache) == [64, 192, 192]
     cache.check_invariants([])
 
@@ -190,7 +176,7 @@ def test_sift_learns_to_decline_a_kind_that_is_never_hit(relative: bool) -> None
     policy = Sift(min_evidence=4, min_rate=0.2, explore_every=1000, relative_decline=relative)
     cache = MambaRadixCache.build(EXTRA, num_tokens=8192, num_slots=12, policy=policy)
     for i in range(20):  # 20 unrelated prompts: every 'end' checkpoint is evicted unhit
-        serve(cache, list(range(10_000 * (i + 1), 10_000 * (i + 1) + 70)), rid=i)
+        serve_prompt(cache, list(range(10_000 * (i + 1), 10_000 * (i + 1) + 70)), rid=i)
     assert policy.evicted_unhit["end"] >= 4
     assert cache.stats.checkpoints_declined == policy.declined["end"]
     # absolute: below min_rate is enough; relative: 'end' is the best kind there is, so it stays

@@ -4,6 +4,7 @@ prefix fingerprints, all through the real cache and lifecycle."""
 from __future__ import annotations
 
 import pytest
+from lifecycle_helpers import serve_prompt
 
 from mamba_radix import CacheConfig, MambaRadixCache, Req
 from mamba_radix.errors import InvalidArgument
@@ -78,21 +79,6 @@ class DeclineShallow(CachePolicy):
         return seq_len >= self.min_len
 
 
-def serve(cache: MambaRadixCache, prompt: list[int], chunk: int) -> None:
-    req = Req(rid=len(prompt), origin_input_ids=prompt)
-    assert cache.admit(req, max_new_tokens=1)
-    while req.kv_len < len(prompt):
-        plan = cache.extend(req, min(chunk, len(prompt) - req.kv_len))
-        assert plan is not None
-        write_stamp(cache.mamba_pool, plan.live_slot, fingerprint(prompt[: plan.end]), plan.end)
-        if plan.track_slot is not None:
-            write_stamp(
-                cache.mamba_pool, plan.track_slot, fingerprint(prompt[: plan.track_len]), plan.track_len
-            )
-        cache.commit(plan, finished=plan.end == len(prompt))
-    cache.finish(req)
-
-
 @pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
 def test_declined_checkpoints_are_not_inserted_and_their_kv_is_freed(strategy: str) -> None:
     config = CacheConfig(
@@ -103,7 +89,7 @@ def test_declined_checkpoints_are_not_inserted_and_their_kv_is_freed(strategy: s
     )
     policy = DeclineShallow(min_len=16)
     cache = MambaRadixCache.build(config, num_tokens=256, num_slots=16, policy=policy)
-    serve(cache, list(range(100, 124)), chunk=8)  # hand-overs at 8, 16, 24
+    serve_prompt(cache, list(range(100, 124)), rid=24, chunk=8)  # hand-overs at 8, 16, 24
     depths = sorted(n.depth for n in cache.tree.nodes() if n.mamba_slot is not None)
     assert depths == [16, 24]
     assert cache.stats.checkpoints_declined == 1
