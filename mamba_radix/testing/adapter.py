@@ -45,7 +45,7 @@ run prints values that are valid Python.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,6 +62,7 @@ __all__ = [
     "RunningView",
     "SuiteParams",
     "TreeSnapshot",
+    "snapshot_tree",
 ]
 
 Key = tuple[Any, tuple[int, ...]]
@@ -198,6 +199,42 @@ class TreeSnapshot:
     checkpoints: dict[Key, int] = field(default_factory=dict)
     node_keys: dict[int, Key] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+
+
+def snapshot_tree(
+    cache: Any,
+    root: Any,
+    page_size: int,
+    edge: Callable[[Any], tuple[Any, Sequence[int]]],
+    slot: Callable[[Any], int | None],
+) -> TreeSnapshot:
+    """The :class:`TreeSnapshot` of a radix tree whose nodes have ``id``, ``children`` (a dict) and
+    ``value`` (a tensor of KV indices): ``edge(node)`` gives its ``(extra_key, edge tokens)``, ``slot(node)``
+    its checkpoint slot or ``None``; the counters are ``cache``'s four SGLang-named sizes. Shared by the
+    adapters of caches whose nodes name these fields differently. O(resident tokens x depth)."""
+    snap = TreeSnapshot()
+    snap.node_keys[root.id] = (None, ())
+    stack: list[tuple[Any, tuple[int, ...]]] = [(root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        for child in node.children.values():
+            extra, tokens = edge(child)
+            toks = prefix + tuple(tokens)
+            values = child.value.tolist()
+            for i in range(0, len(values), page_size):
+                snap.kv[(extra, toks[: len(prefix) + i + page_size])] = tuple(values[i : i + page_size])
+            snap.node_keys[child.id] = (extra, toks)
+            held = slot(child)
+            if held is not None:
+                snap.checkpoints[(extra, toks)] = held
+            stack.append((child, toks))
+    snap.counters = {
+        "full_evictable": cache.full_evictable_size(),
+        "full_protected": cache.full_protected_size(),
+        "mamba_evictable": cache.mamba_evictable_size(),
+        "mamba_protected": cache.mamba_protected_size(),
+    }
+    return snap
 
 
 @dataclass

@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from mamba_radix.cache import MambaRadixCache
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, CacheConfig
 from mamba_radix.lifecycle import ForwardPlan
-from mamba_radix.node import TreeNode
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
 from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from mamba_radix.request import Req
@@ -39,6 +38,7 @@ from mamba_radix.testing.adapter import (
     RunningView,
     SuiteParams,
     TreeSnapshot,
+    snapshot_tree,
 )
 from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.faults import CapacityHold, FailNextAllocs
@@ -363,32 +363,13 @@ class MambaRadixAdapter:
     # ------------------------------------------------------------------------------------ observe
     def snapshot(self) -> TreeSnapshot:
         """Walk the tree (not ``match``) and list its content. O(resident tokens x depth)."""
-        tree = self.cache.tree
-        page = self.params.page_size
-        snap = TreeSnapshot()
-        root: TreeNode = tree.root
-        snap.node_keys[root.id] = (None, ())
-        stack: list[tuple[TreeNode, tuple[int, ...]]] = [(root, ())]
-        while stack:
-            node, prefix = stack.pop()
-            for child in node.children.values():
-                toks = prefix + tuple(child.key)
-                extra = child.extra_key
-                values = child.value.tolist()
-                for i in range(0, len(values), page):
-                    snap.kv[(extra, toks[: len(prefix) + i + page])] = tuple(values[i : i + page])
-                snap.node_keys[child.id] = (extra, toks)
-                if child.mamba_slot is not None:
-                    snap.checkpoints[(extra, toks)] = int(child.mamba_slot)
-                stack.append((child, toks))
-        c = self.cache
-        snap.counters = {
-            "full_evictable": c.full_evictable_size(),
-            "full_protected": c.full_protected_size(),
-            "mamba_evictable": c.mamba_evictable_size(),
-            "mamba_protected": c.mamba_protected_size(),
-        }
-        return snap
+        return snapshot_tree(
+            self.cache,
+            self.cache.tree.root,
+            self.params.page_size,
+            lambda n: (n.extra_key, n.key),
+            lambda n: None if n.mamba_slot is None else int(n.mamba_slot),
+        )
 
     def ownership(self) -> list[Ownership]:
         tree_kv: list[int] = []

@@ -68,6 +68,7 @@ from mamba_radix.testing.adapter import (
     RunningView,
     SuiteParams,
     TreeSnapshot,
+    snapshot_tree,
 )
 from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.known import KnownFailure, KnownIssue
@@ -567,31 +568,13 @@ class SGLangAdapter:
     # ------------------------------------------------------------------------------------ observe
     def snapshot(self) -> TreeSnapshot:
         """Walk SGLang's tree from ``root_node``. O(resident tokens x depth)."""
-        page = self.params.page_size
-        snap = TreeSnapshot()
-        root = self.cache.root_node
-        snap.node_keys[root.id] = (None, ())
-        stack: list[tuple[Any, tuple[int, ...]]] = [(root, ())]
-        while stack:
-            node, prefix = stack.pop()
-            for child in node.children.values():
-                toks = prefix + tuple(child.key.token_ids)
-                extra = child.key.extra_key
-                values = child.value.tolist()
-                for i in range(0, len(values), page):
-                    snap.kv[(extra, toks[: len(prefix) + i + page])] = tuple(values[i : i + page])
-                snap.node_keys[child.id] = (extra, toks)
-                if child.mamba_value is not None:
-                    snap.checkpoints[(extra, toks)] = _slot(child.mamba_value)  # type: ignore[assignment]
-                stack.append((child, toks))
-        c = self.cache
-        snap.counters = {
-            "full_evictable": c.full_evictable_size(),
-            "full_protected": c.full_protected_size(),
-            "mamba_evictable": c.mamba_evictable_size(),
-            "mamba_protected": c.mamba_protected_size(),
-        }
-        return snap
+        return snapshot_tree(
+            self.cache,
+            self.cache.root_node,
+            self.params.page_size,
+            lambda n: (n.key.extra_key, n.key.token_ids),
+            lambda n: None if n.mamba_value is None else _slot(n.mamba_value),
+        )
 
     def ownership(self) -> list[Ownership]:
         """Counting pools cannot list their allocations (``allocated=None``: compared by counts)."""
