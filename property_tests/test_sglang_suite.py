@@ -63,10 +63,9 @@ def test_state_machine_against_sglang() -> None:
     assert sum(log.counts.values()) < log.examples / 2, "known failures hide most of the search"
 
 
-def test_finds_the_slot_exhaustion_family() -> None:
-    """SGLang #34676 family: a state locked outside any request (a HiCache write-through), a request's
-    chunk hand-over with every other state locked by it: ``_alloc_mamba_slot`` asserts."""
-    machine = make_machine(SGLangAdapter, sglang_params(), "SGLangScenario")
+def _slot_exhaustion_setup(machine):  # type: ignore[no-untyped-def]
+    """Up to the chunk hand-over of SGLang #34676: a state locked outside any request, then a request
+    with no hit admitted on 3 slots (prefill chunks of 2). Returns the started machine."""
     m = machine()
     m.start(
         SuiteParams(
@@ -79,6 +78,14 @@ def test_finds_the_slot_exhaustion_family() -> None:
     m.check_everything()
     m.admit(base=EMPTY, cut=0, suffix=[0, 1, 0, 1, 0], out_len=0)  # no hit: chunks of 2
     m.check_everything()
+    return m
+
+
+def test_finds_the_slot_exhaustion_family() -> None:
+    """SGLang #34676 family: a state locked outside any request (a HiCache write-through), a request's
+    chunk hand-over with every other state locked by it: ``_alloc_mamba_slot`` asserts."""
+    machine = make_machine(SGLangAdapter, sglang_params(), "SGLangScenario")
+    m = _slot_exhaustion_setup(machine)
     with pytest.raises(KnownFailure):  # inside a search the machine would discard the example
         m.prefill(pick=0, chunks=3)
     assert machine.known_failures.counts == {"sglang-34676": 1}
@@ -90,18 +97,7 @@ def test_same_scenario_passes_on_our_cache() -> None:
     from mamba_radix.testing import MambaRadixAdapter, radix_params
 
     machine = make_machine(MambaRadixAdapter, radix_params(), "RadixScenario")
-    m = machine()
-    m.start(
-        SuiteParams(
-            strategy="no_buffer", state_slots=3, req_rows=1, kv_pages=48, prefill_chunk=2, state_chunk=1
-        )
-    )
-    other = m.insert(base=EMPTY, cut=0, suffix=[2, 2], extra=None)
-    m.check_everything()
-    m.match(base=other, cut=2, suffix=[], cow=False, lock=True)
-    m.check_everything()
-    m.admit(base=EMPTY, cut=0, suffix=[0, 1, 0, 1, 0], out_len=0)
-    m.check_everything()
+    m = _slot_exhaustion_setup(machine)
     m.prefill(pick=0, chunks=3)
     m.check_everything()
     m.teardown()
