@@ -1,11 +1,17 @@
-"""Package discovery that pyproject.toml alone cannot express (the rest of the metadata is there).
+"""Package discovery and the optional compiled core, which pyproject.toml alone cannot express (the rest of
+the metadata is there).
 
 Every package under ``mamba_radix/`` (``mamba_radix*``) is found automatically, so a new subpackage ships
 without editing a list; ``kernels/`` and its subpackages are installed as ``mamba_radix_kernels``
 (``package-dir`` in pyproject.toml).
+
+``mamba_radix._cwalk`` (``mamba_radix/_cwalk.c``, plain CPython C API) is the radix tree's page-1 walk
+compiled. It is optional: where no C compiler or Python headers are found the build warns and the install
+goes on, and :mod:`mamba_radix.tree` runs its pure-Python loop (the reference the compiled one is tested
+against). An editable install (``pip install -e .``) builds it in place next to the sources.
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 
 def packages_found() -> list[str]:
@@ -18,4 +24,12 @@ def packages_found() -> list[str]:
     return ours + kernels
 
 
-setup(packages=packages_found())
+# optional=True: a failed compile (no gcc, no Python.h) is a warning, not a failed install
+CWALK = Extension(
+    "mamba_radix._cwalk",
+    sources=["mamba_radix/_cwalk.c"],
+    extra_compile_args=["-O2"],
+    optional=True,
+)
+
+setup(packages=packages_found(), ext_modules=[CWALK])

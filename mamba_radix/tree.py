@@ -10,10 +10,20 @@ a node without one is a tombstone. A prefix is usable only up to the deepest che
 Recency is a logical clock (:attr:`RadixTree.clock`) that ticks once per request-level operation
 (:meth:`RadixTree.match`, :meth:`RadixTree.insert`); every node that operation touches gets the new tick,
 so a path touched together shares one stamp and ties are broken by depth (see :mod:`mamba_radix.eviction`).
+
+Which walk runs: a walk with page size 1, no namespace and a key that fits the scratch buffer (the common
+case) takes the page-1 loop. That loop runs compiled (``mamba_radix._cwalk``, built from
+``mamba_radix/_cwalk.c`` by ``pip install``) when the extension imported, because on a large tree the
+Python loop's interpreter work per node (1-2 us) dominates a match; else, and whenever
+``MAMBA_RADIX_C_WALK=0`` is set at import or :data:`_C_WALK` is set to False, the pure-Python
+:func:`_walk_in_scratch`, which is the reference (a property test checks the two agree). The extension is
+optional: a machine without a C compiler installs without it and gets the Python loop, with the same
+results. Every other walk takes the general loop in :meth:`RadixTree._walk_tokens`.
 """
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +116,26 @@ def _int64_buffer(ids: torch.Tensor | np.ndarray) -> np.ndarray | list[int]:
 # Whether a walk with page_size 1, no namespace and a key that fits the scratch buffer takes
 # _walk_in_scratch (a property test turns it off to check it against the general loop).
 _FAST_WALK = True
+
+try:  # the compiled page-1 loop: optional (setup.py builds it where a C compiler is found)
+    from mamba_radix._cwalk import walk_in_scratch as _c_walk_in_scratch
+except ImportError:  # not built (no compiler at install time) or built for another Python
+    _c_walk_in_scratch = None
+
+_C_WALK_ENV = "MAMBA_RADIX_C_WALK"
+if os.environ.get(_C_WALK_ENV, "1") not in ("0", "1"):
+    raise InvalidArgument(
+        f"{_C_WALK_ENV}={os.environ[_C_WALK_ENV]!r} is not a switch; set it to 1 (the compiled walk when "
+        "it was built, the default) or 0 (always the pure-Python walk)"
+    )
+# Whether the page-1 loop runs compiled when the extension imported (False: always the pure-Python
+# _walk_in_scratch; tests set it to compare the two, MAMBA_RADIX_C_WALK=0 sets it at import).
+_C_WALK = os.environ.get(_C_WALK_ENV, "1") == "1"
+
+
+def c_walk_active() -> bool:
+    """Whether the page-1 walk runs compiled now: the extension imported and :data:`_C_WALK` is on."""
+    return _C_WALK and _c_walk_in_scratch is not None
 
 
 def _walk_in_scratch(
@@ -378,6 +408,11 @@ class RadixTree:
         if nbytes <= len(scratch):
             memoryview(scratch)[:nbytes] = view.cast("B")
             if page == 1 and extra_key is None and _FAST_WALK:
+                if _C_WALK and _c_walk_in_scratch is not None:
+                    try:
+                        return _c_walk_in_scratch(scratch, tokens, child, num_tokens, path)
+                    except TypeError:  # outside the C loop's contract (path left as it was): the reference
+                        pass
                 return _walk_in_scratch(scratch, tokens, child, num_tokens, path)
             haystack: bytearray | None = scratch
         else:
