@@ -28,7 +28,6 @@ def packages_found() -> list[str]:
 CWALK = Extension(
     "mamba_radix._cwalk",
     sources=["mamba_radix/_cwalk.c"],
-    extra_compile_args=["-O2"],
     optional=True,
 )
 
