@@ -59,14 +59,21 @@ class BufferStrategy:
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
+        # The frozen config's derived counts, read once: its properties recompute them on every read
+        # (~1 us each through the chain), and admission reads them per request.
+        ping_pong = config.ping_pong_size
+        self._track_slots = 0 if ping_pong == 0 else (1 if config.is_lazy else ping_pong)
+        self.per_chunk_headroom_slots = config.per_chunk_headroom_slots
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.strategy!r})"
 
     # ------------------------------------------------------------------------------------- admission
     def admission_slots(self, req: Req) -> int:
-        """State slots admission takes for ``req``: see :func:`strategies.admission_slots`."""
-        return strategies.admission_slots(self.config, req)
+        """State slots admission takes for ``req``: :func:`strategies.admission_slots`, from the counts
+        read at construction (a test checks the two agree). O(1)."""
+        live = 1 if req.mamba_pool_idx is None else 0
+        return live if req.mamba_ping_pong_track_buffer is not None else live + self._track_slots
 
     # -------------------------------------------------------------------------------------- tracking
     def prefill_track_len(self, req: Req, start: int, num_tokens: int) -> int | None:

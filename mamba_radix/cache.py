@@ -148,6 +148,7 @@ class MambaRadixCache(RequestLifecycle):
         self.policy = self.tree.policy
         self.policy.cache = self
         self.buffer = buffer_strategy(config)
+        self._grid = config.mamba_checkpoint_grid  # a property computing an lcm: read once
         self.stats = CacheStats()
         self.reserved_kv_tokens = 0
 
@@ -296,7 +297,7 @@ class MambaRadixCache(RequestLifecycle):
         return PrefixPeek(best.depth, pos + partial, best, unlocked, best.mamba_lock_ref == 0), walk
 
     def _branching(self, full_kv_hit_len: int, hit_len: int) -> int | None:
-        grid = self.config.mamba_checkpoint_grid
+        grid = self._grid
         branching = full_kv_hit_len // grid * grid
         return branching if branching > hit_len else None
 
@@ -319,19 +320,20 @@ class MambaRadixCache(RequestLifecycle):
         """Copy ``node``'s checkpoint into ``req``'s live slot (allocated if missing). False: no slot."""
         dst = req.mamba_pool_idx
         if dst is None:
-            slots = self.mamba_pool.alloc(1)  # alloc_state_slot's steps, with the lock only if it evicts
+            # alloc_state_slot's steps, with the lock only if it evicts
+            slots = self.mamba_pool.alloc(1, as_list=True)
             if slots is None:
                 # Lock the source so that the eviction that makes room cannot take it.
                 self.tree.inc_lock_ref(node)
                 try:
                     self.evict(num_states=1)
-                    slots = self.mamba_pool.alloc(1)
+                    slots = self.mamba_pool.alloc(1, as_list=True)
                 finally:
                     self.tree.dec_lock_ref(node)
             if slots is None:
                 self.stats.cow_skipped += 1
                 return False
-            dst = req.mamba_pool_idx = slots.tolist()[0]
+            dst = req.mamba_pool_idx = slots[0]
         assert node.mamba_slot is not None
         self.mamba_pool.copy_from([node.mamba_slot], [dst], check=False)  # our checkpoint, its own slot
         req.mamba_cow_src_slot = node.mamba_slot
@@ -478,6 +480,10 @@ class MambaRadixCache(RequestLifecycle):
         for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 raise InvalidArgument(f"make_room: {name} must be an int >= 0, got {count!r}")
+        return self._make_room(num_tokens, num_states)
+
+    def _make_room(self, num_tokens: int, num_states: int) -> bool:
+        """:meth:`make_room` for the lifecycle's own counts (ints >= 0 it computed): no checks."""
         short_tokens = max(0, num_tokens - self.token_to_kv_pool_allocator.available_size())
         short_states = max(0, num_states - self.mamba_pool.available_size())
         if short_tokens or short_states:
@@ -508,11 +514,11 @@ class MambaRadixCache(RequestLifecycle):
     def alloc_state_slot(self) -> int | None:
         """One state slot, evicting one checkpoint if none is free; ``None`` if still none.
         O(log n)."""
-        slots = self.mamba_pool.alloc(1)
+        slots = self.mamba_pool.alloc(1, as_list=True)
         if slots is None:
             self.evict(num_states=1)
-            slots = self.mamba_pool.alloc(1)
-        return None if slots is None else slots.tolist()[0]
+            slots = self.mamba_pool.alloc(1, as_list=True)
+        return None if slots is None else slots[0]
 
     # ---------------------------------------------------------------------------------------- debugging
     def pretty_print(self) -> str:

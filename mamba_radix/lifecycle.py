@@ -160,6 +160,10 @@ class RequestLifecycle:
                 f"request {req.rid!r} is already admitted or carries pool fields (row, slots, lock or "
                 "kv_len); admit each request once, as a fresh Req"
             )
+        if type(req.mamba_next_track_idx) is not int:  # the pool's admission takes the request trusted
+            raise InvalidArgument(
+                f"request {req.rid!r} has mamba_next_track_idx {req.mamba_next_track_idx!r}; it must be an int"
+            )
         if outputs:
             ids.extend(outputs)
         return ids
@@ -176,7 +180,8 @@ class RequestLifecycle:
         """:meth:`can_admit`, plus the admission key, its walk for the match that follows and the
         request's checked tokens."""
         ids = self._check_new_request(req, max_new_tokens)
-        key = RadixKey.trusted(ids[: len(req.origin_input_ids) - 1], req.extra_key)
+        # a view of the checked tokens: the key's own copy is the only one made
+        key = RadixKey.trusted(memoryview(ids)[: len(req.origin_input_ids) - 1], req.extra_key)  # type: ignore[arg-type]
         peek, walk = self._peek(key)
         hit = peek.hit_len
         final = self._final_kv_len(req, max_new_tokens)
@@ -228,9 +233,10 @@ class RequestLifecycle:
         assert node is not None
         self.policy.on_hit(req)
         self.tree.inc_lock_ref(node)
-        headroom = max(self.config.per_chunk_headroom_slots, self.buffer.admission_slots(req))
-        self.make_room(num_states=headroom)
-        if self.req_to_token_pool.alloc([req]) is None:
+        headroom = max(self.buffer.per_chunk_headroom_slots, self.buffer.admission_slots(req))
+        self._make_room(0, headroom)
+        # trusted: checked fresh above; its one slot, if any, is the copy-on-write's, just allocated
+        if self.req_to_token_pool.alloc([req], check=False) is None:
             self._undo_admission(req, node)
             return False
         assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
@@ -365,9 +371,10 @@ class RequestLifecycle:
         need = self._page_ceil(end) - self._page_ceil(start)
         if allocator.available_size() + self.full_evictable_size() < need:
             return None
-        if is_prefill and req.prefill_chunks and self.config.per_chunk_headroom_slots:
-            self.make_room(num_states=self.config.per_chunk_headroom_slots)
-        self.make_room(num_tokens=need)
+        headroom = self.buffer.per_chunk_headroom_slots
+        if is_prefill and req.prefill_chunks and headroom:
+            self._make_room(0, headroom)
+        self._make_room(need, 0)
         if self.config.page_size == 1:
             kv = allocator.alloc(num_tokens)
         else:

@@ -70,7 +70,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.config = config
         self.ping_pong_size = config.ping_pong_size  # P: 0 (no_buffer), 1 or 2
         self.is_lazy = config.is_lazy
-        width = max(self.ping_pong_size, 1)
+        width = self._track_width = max(self.ping_pong_size, 1)
         self.req_index_to_mamba_index_mapping = torch.zeros(size + 1, dtype=torch.int64, device=self.device)
         self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.full(
             (size + 1, width), NO_SLOT, dtype=torch.int64, device=self.device
@@ -119,7 +119,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return self._row_req[row] if type(row) is int and 0 < row <= self.size else None
 
     # ------------------------------------------------------------------------------------- admission
-    def alloc(self, reqs: list[Req]) -> list[int] | None:  # type: ignore[override]
+    def alloc(self, reqs: list[Req], check: bool = True) -> list[int] | None:  # type: ignore[override]
         """Admit ``reqs``: a row for each request without one, a live slot for each request without one
         (a slot already set, e.g. by a copy-on-write hit, is kept), and a track buffer for each request
         without one (``P`` slots eager; lazy: one slot and a ``-1`` entry, ``mamba_next_track_idx = 0``).
@@ -132,8 +132,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
         of requests, a request given twice, a row or slot of the wrong type, not allocated, or held by
         another request, a slot repeated within the batch, or a malformed track buffer.
         O(len(reqs) * P).
+
+        ``check=False`` is for the cache's admission, which validated its one fresh request (no row, no
+        track buffer, an int ``mamba_next_track_idx``) and gave it, at most, a live slot it had just
+        allocated itself: the batch checks are skipped; counting, allocation and commit are the same.
         """
-        reqs = self._check_admission(reqs)
+        if check:
+            reqs = self._check_admission(reqs)
         track_per_req = self._track_slots_to_take()
         need_rows = need_live = need_track = 0
         for r in reqs:
@@ -152,14 +157,14 @@ class HybridReqToTokenPool(ReqToTokenPool):
         new_slots: list[int] = []
         if need_slots:
             try:
-                slots = self.mamba_pool.alloc(need_slots)
+                slots = self.mamba_pool.alloc(need_slots, as_list=True)
             except BaseException:
                 self._undo_take_rows(rows)
                 raise
             if slots is None:
                 self._undo_take_rows(rows)
                 return None
-            new_slots = slots.tolist()
+            new_slots = slots
         # Commit: plain assignments from here on; nothing below can be refused.
         row_iter, slot_iter = iter(rows), iter(new_slots)
         for req in reqs:
@@ -479,28 +484,36 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def _attach(self, row: int, req: Req) -> None:
         """Make ``row``'s mirror, owner record and device mappings show ``req``'s current slots. O(P)."""
         live = req.mamba_pool_idx or 0
-        width = max(self.ping_pong_size, 1)
-        track = list(req.mamba_ping_pong_track_buffer or [NO_SLOT] * width)
+        buffer = req.mamba_ping_pong_track_buffer
+        track = list(buffer) if buffer else [NO_SLOT] * self._track_width
         slot_row = self._slot_row
+        # the row's old slots out of the owner record, counted as they go (as _row_slot_count counts)
         old_live = self._row_live[row]
+        released = 0
         if old_live > 0:
             slot_row.pop(old_live, None)
+            released = 1
         for s in self._row_track[row]:
             if s > 0:
                 slot_row.pop(s, None)
-        self._num_reserved -= self._row_slot_count(row)
-        self._row_live[row] = live
-        self._row_track[row] = track
-        self._num_reserved += self._row_slot_count(row)
+                released += 1
+        held = 0
         if live > 0:
             slot_row[live] = row
+            held = 1
         for s in track:
             if s > 0:
                 slot_row[s] = row
+                held += 1
+        self._num_reserved += held - released
+        self._row_live[row] = live
+        self._row_track[row] = track
         self._row_req[row] = req
         if self._live_np is not None:
             self._live_np[row] = live
-            self._track_np[row] = track
+            track_np = self._track_np
+            for i, s in enumerate(track):  # scalar stores: numpy converting a short list costs ~3 us
+                track_np[row, i] = s
         else:
             self.req_index_to_mamba_index_mapping[row] = live
             self.req_index_to_mamba_ping_pong_track_buffer_mapping[row] = torch.tensor(
