@@ -11,14 +11,15 @@ Recency is a logical clock (:attr:`RadixTree.clock`) that ticks once per request
 (:meth:`RadixTree.match`, :meth:`RadixTree.insert`); every node that operation touches gets the new tick,
 so a path touched together shares one stamp and ties are broken by depth (see :mod:`mamba_radix.eviction`).
 
-Which walk runs: a walk with page size 1, no namespace and a key that fits the scratch buffer (the common
-case) takes the page-1 loop. That loop runs compiled (``mamba_radix._cwalk``, built from
-``mamba_radix/_cwalk.c`` by ``pip install``) when the extension imported, because on a large tree the
-Python loop's interpreter work per node (1-2 us) dominates a match; else, and whenever
-``MAMBA_RADIX_C_WALK=0`` is set at import or :data:`_C_WALK` is set to False, the pure-Python
-:func:`_walk_in_scratch`, which is the reference (a property test checks the two agree). The extension is
-optional: a machine without a C compiler installs without it and gets the Python loop, with the same
-results. Every other walk takes the general loop in :meth:`RadixTree._walk_tokens`.
+Which walk runs: a walk with page size 1 and no namespace (the common case) takes the page-1 loop. It
+runs compiled (``mamba_radix._cwalk``, built from ``mamba_radix/_cwalk.c`` by ``pip install``) when the
+extension imported, because on a large tree the Python loop's interpreter work per node dominates a match;
+the compiled loop compares in the key's own buffer, so it copies nothing and takes keys of any length.
+Else (not built, ``MAMBA_RADIX_C_WALK=0`` at import, or :data:`_C_WALK` set to False) a key that fits the
+scratch buffer takes the pure-Python :func:`_walk_in_scratch`, the reference (a property test checks the
+two agree). The extension is optional: a machine without a C compiler installs without it and gets the
+Python loops, with the same results. Every other walk takes the general loop in
+:meth:`RadixTree._walk_tokens`.
 """
 
 from __future__ import annotations
@@ -400,6 +401,13 @@ class RadixTree:
         child = node.children.get(child_key(tokens, 0, page, extra_key))
         if child is None:  # a miss at the first edge: no bytes needed
             return path, 0, 0
+        if page == 1 and extra_key is None and _FAST_WALK and _C_WALK and _c_walk_in_scratch is not None:
+            # The compiled loop compares the edges in the key's own buffer (which holds its first
+            # num_tokens tokens, all the loop asks of its scratch argument): no copy, any key length.
+            try:
+                return _c_walk_in_scratch(tokens, tokens, child, num_tokens, path)
+            except TypeError:  # outside the C loop's contract (path left as it was): the Python loops
+                pass
         view = memoryview(tokens)[:num_tokens]
         # A key that fits the scratch buffer is copied into it once (no allocation) and every edge is
         # compared there in place; a longer one edge by edge (prefix_len_in: numpy in place on long edges)
@@ -408,11 +416,6 @@ class RadixTree:
         if nbytes <= len(scratch):
             memoryview(scratch)[:nbytes] = view.cast("B")
             if page == 1 and extra_key is None and _FAST_WALK:
-                if _C_WALK and _c_walk_in_scratch is not None:
-                    try:
-                        return _c_walk_in_scratch(scratch, tokens, child, num_tokens, path)
-                    except TypeError:  # outside the C loop's contract (path left as it was): the reference
-                        pass
                 return _walk_in_scratch(scratch, tokens, child, num_tokens, path)
             haystack: bytearray | None = scratch
         else:

@@ -9,7 +9,8 @@ as the reference and a test checks the two agree) against the Python ``_walk_in_
 - its refusals (TypeError, the caller's list unchanged) and the tree's fallback to the Python loop;
 - references and buffers: nothing leaked, every buffer released;
 - whole trees: sequences of insert, match and evict give identical results and trees with the compiled
-  loop on and off.
+  loop on and off, keys longer than the scratch buffer included (the compiled loop walks them in the
+  key's own buffer, the Python side takes the general loop).
 
 Skipped when the extension was not built (no C compiler at install time): the Python loop is then the
 only one, and the other walk tests cover it.
@@ -129,13 +130,19 @@ def _both(
     tokens: TokenIds, child: Any, num_tokens: int, spare: int = 3, prefix: list[Any] | None = None
 ) -> tuple[tuple[list[int], int, int], tuple[list[int], int, int]]:
     """The C and the Python loop on the same input, each with its own copy of the caller's list: (node
-    identities, pos, partial) of each; checks each returned the caller's very list."""
+    identities, pos, partial) of each; checks each returned the caller's very list, and that the C loop
+    gives the same with the key as its own scratch buffer (as the tree calls it)."""
     out = []
-    for walk in (c_walk, _walk_in_scratch):
+    for walk, haystack in (
+        (c_walk, _scratch(tokens, num_tokens, spare)),
+        (_walk_in_scratch, _scratch(tokens, num_tokens, spare)),
+        (c_walk, tokens),
+    ):
         path = list(prefix or [])
-        got_path, pos, partial = walk(_scratch(tokens, num_tokens, spare), tokens, child, num_tokens, path)
+        got_path, pos, partial = walk(haystack, tokens, child, num_tokens, path)
         assert got_path is path
         out.append(([id(node) for node in got_path], pos, partial))
+    assert out[2] == out[0]
     return out[0], out[1]
 
 
@@ -323,11 +330,17 @@ def _snapshot(tree: RadixTree) -> list[tuple[object, ...]]:
     )
 
 
-def _run(ops: list[tuple[Any, ...]], c_on: bool) -> tuple[list[object], list[tuple[object, ...]]]:
-    """Apply ``ops`` to a fresh tree with the compiled loop on or off: what each returned, and the tree."""
+def _run(
+    ops: list[tuple[Any, ...]], c_on: bool, scratch_tokens: int | None
+) -> tuple[list[object], list[tuple[object, ...]]]:
+    """Apply ``ops`` to a fresh tree with the compiled loop on or off: what each returned, and the tree.
+    ``scratch_tokens``: a smaller scratch buffer, so that longer keys take the long-key path (the
+    general loop when the compiled one is off)."""
     out: list[object] = []
     with c_walk_on(c_on):
         tree = RadixTree(CacheConfig(mamba_radix_cache_strategy="no_buffer"))
+        if scratch_tokens is not None:
+            tree._scratch = bytearray(8 * scratch_tokens)
         slot = 1
         for op in ops:
             if op[0] == "insert":
@@ -346,6 +359,8 @@ def _run(ops: list[tuple[Any, ...]], c_on: bool) -> tuple[list[object], list[tup
         return out, _snapshot(tree)
 
 
-@given(ops=st.lists(op_st, min_size=1, max_size=25))
-def test_whole_tree_operations_are_the_same_with_the_c_walk_on_and_off(ops: list[tuple[Any, ...]]) -> None:
-    assert _run(ops, c_on=True) == _run(ops, c_on=False)
+@given(ops=st.lists(op_st, min_size=1, max_size=25), scratch_tokens=st.none() | st.integers(1, 12))
+def test_whole_tree_operations_are_the_same_with_the_c_walk_on_and_off(
+    ops: list[tuple[Any, ...]], scratch_tokens: int | None
+) -> None:
+    assert _run(ops, True, scratch_tokens) == _run(ops, False, scratch_tokens)
