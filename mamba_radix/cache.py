@@ -21,7 +21,7 @@ counted in :attr:`MambaRadixCache.stats`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -42,19 +42,93 @@ from mamba_radix.pools import (
     TokenToKVPoolAllocator,
 )
 from mamba_radix.request import Req
-from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
+from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, TreeMatch, Walk
 
 __all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
 
 
-class MatchResult(NamedTuple):
-    """What :meth:`MambaRadixCache.match_prefix` found."""
+class MatchResult:
+    """What :meth:`MambaRadixCache.match_prefix` found:
 
-    device_indices: torch.Tensor  # int64 KV indices of the usable hit, [0, hit_len)
-    last_node: TreeNode  # deepest node with a checkpoint on the matched path (root if none)
-    mamba_slot: int | None  # that node's checkpoint slot (None at the root)
-    full_kv_hit_len: int  # KV matched, possibly deeper than the usable hit
-    mamba_branching_seqlen: int | None  # full_kv_hit_len rounded down to the grid, if deeper than the hit
+    - ``device_indices``: int64 KV indices of the usable hit, ``[0, hit_len)``, one fresh tensor (never a
+      node's storage), concatenated from the matched nodes on first access and then kept: the lifecycle's
+      admission writes the hit into the request row from the nodes' chunks and usually never reads it;
+    - ``last_node``: deepest node with a checkpoint on the matched path (root if none);
+    - ``mamba_slot``: that node's checkpoint slot (None at the root);
+    - ``full_kv_hit_len``: KV matched, possibly deeper than the usable hit;
+    - ``mamba_branching_seqlen``: ``full_kv_hit_len`` rounded down to the grid, if deeper than the hit.
+
+    Read like the NamedTuple it was: fields by name, unpacking and indexing in that order, ``_fields``,
+    ``_asdict()``. Late reads are exact: the tree never changes a node's indices in place.
+    """
+
+    __slots__ = (
+        "_indices",
+        "_match",
+        "full_kv_hit_len",
+        "last_node",
+        "mamba_branching_seqlen",
+        "mamba_slot",
+    )
+    _fields = ("device_indices", "last_node", "mamba_slot", "full_kv_hit_len", "mamba_branching_seqlen")
+
+    def __init__(
+        self,
+        device_indices: torch.Tensor | None,
+        last_node: TreeNode,
+        mamba_slot: int | None,
+        full_kv_hit_len: int,
+        mamba_branching_seqlen: int | None,
+        *,
+        match: TreeMatch | None = None,
+    ) -> None:
+        """``device_indices``, or ``None`` with ``match``: the tree match whose hit these are."""
+        if device_indices is None and match is None:
+            raise InvalidArgument("MatchResult needs device_indices or the tree match they come from")
+        self._indices = device_indices
+        self._match = match if device_indices is None else None
+        self.last_node = last_node
+        self.mamba_slot = mamba_slot
+        self.full_kv_hit_len = full_kv_hit_len
+        self.mamba_branching_seqlen = mamba_branching_seqlen
+
+    @property
+    def device_indices(self) -> torch.Tensor:
+        """The hit's KV indices (concatenated on the first read, O(hit_len); then the same tensor)."""
+        indices = self._indices
+        if indices is None:
+            indices = self._indices = self._match.device_indices  # type: ignore[union-attr]
+            self._match = None
+        return indices
+
+    def _kv_chunks(self) -> tuple[torch.Tensor, ...]:
+        """The hit's KV as read-only chunks (the nodes' own values until ``device_indices`` is read):
+        for a caller that copies the hit into a buffer of its own. O(1)."""
+        match = self._match
+        return match.kv_chunks if match is not None else (self.device_indices,)
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(
+            (
+                self.device_indices,
+                self.last_node,
+                self.mamba_slot,
+                self.full_kv_hit_len,
+                self.mamba_branching_seqlen,
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __getitem__(self, index: int | slice) -> object:
+        return tuple(self)[index]
+
+    def _asdict(self) -> dict[str, object]:
+        return dict(zip(self._fields, self, strict=True))
+
+    def __repr__(self) -> str:
+        return "MatchResult(" + ", ".join(f"{k}={v!r}" for k, v in self._asdict().items()) + ")"
 
 
 class PrefixPeek(NamedTuple):
@@ -243,23 +317,31 @@ class MambaRadixCache(RequestLifecycle):
         else:
             m = self.tree.match(radix_key, walk)
             best = m.best
+            branching = self._branching
             if (
                 cow_mamba
                 and req is not None
                 and best.mamba_slot is not None
                 and not self._copy_on_write(req, best)
             ):
-                best, indices, hit_len = self.tree.root, m.device_indices[:0], 0
+                best, hit_len = self.tree.root, 0
+                empty = torch.empty(0, dtype=torch.int64, device=self.device)
+                result = MatchResult(empty, best, None, m.full_kv_hit_len, branching(m.full_kv_hit_len, 0))
             else:
-                indices, hit_len = m.device_indices, m.hit_len
-            result = MatchResult(
-                indices, best, best.mamba_slot, m.full_kv_hit_len, self._branching(m.full_kv_hit_len, hit_len)
-            )
+                hit_len = m.hit_len
+                result = MatchResult(  # device_indices concatenated only if read
+                    None,
+                    best,
+                    best.mamba_slot,
+                    m.full_kv_hit_len,
+                    branching(m.full_kv_hit_len, hit_len),
+                    match=m,
+                )
             self.stats.matches += 1
             self.stats.hit_tokens += hit_len
             self.stats.kv_only_tokens += m.full_kv_hit_len - hit_len
         if req is not None:
-            req.prefix_indices = result.device_indices
+            req._defer_prefix_indices(result)  # the same tensor as result.device_indices, when read
             req.last_node = result.last_node
             req.cache_protected_len = hit_len  # len(device_indices), without torch's Python __len__
             req.mamba_branching_seqlen = result.mamba_branching_seqlen

@@ -228,7 +228,7 @@ class RequestLifecycle:
         if not check.ok:
             return False
         self.policy.on_admit(req)
-        self.match_prefix(key, cow_mamba=True, req=req, walk=walk)  # the check's walk, if still valid
+        match = self.match_prefix(key, cow_mamba=True, req=req, walk=walk)  # the check's walk, if valid
         node = req.last_node
         assert node is not None
         self.policy.on_hit(req)
@@ -241,7 +241,12 @@ class RequestLifecycle:
             return False
         assert req.req_pool_idx is not None and req.mamba_pool_idx is not None
         if req.cache_protected_len:
-            self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices, check=False)
+            # the hit into the row straight from the tree's chunks: req.prefix_indices is concatenated
+            # only if someone reads it
+            row, pos = req.req_pool_idx, 0
+            for chunk in match._kv_chunks():
+                self.req_to_token_pool.write(row, pos, chunk, check=False)
+                pos += chunk.numel()
         else:
             self.mamba_pool.clear_slots([req.mamba_pool_idx])
         req.kv_len = req.cache_protected_len

@@ -10,10 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mamba_radix import CacheConfig, InvalidArgument, Req, strategies
+from mamba_radix import CacheConfig, InvalidArgument, MambaRadixCache, Req, strategies
 from mamba_radix.buffers import buffer_strategy
+from mamba_radix.cache import MatchResult
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool
 from mamba_radix.pools.free_list import make_free_list
+from mamba_radix.state_stamp import fingerprint, write_stamp
 
 CPU = torch.device("cpu")
 
@@ -218,3 +220,116 @@ def test_buffer_admission_slots_equal_the_rule(strategy: str, live, track) -> No
     buffer = buffer_strategy(config)
     assert buffer.admission_slots(req) == strategies.admission_slots(config, req)
     assert buffer.per_chunk_headroom_slots == config.per_chunk_headroom_slots
+
+
+# ------------------------------------------------------------------------ the hit's KV, written lazily
+class Recorder:
+    """Wraps ``cache.match_prefix`` to keep the results it returns."""
+
+    def __init__(self, cache: MambaRadixCache) -> None:
+        self.inner = cache.match_prefix
+        self.results: list[MatchResult] = []
+
+    def __call__(self, *args: object, **kwargs: object) -> MatchResult:
+        result = self.inner(*args, **kwargs)  # type: ignore[arg-type]
+        self.results.append(result)
+        return result
+
+
+def _prefill(cache: MambaRadixCache, req: Req, chunk: int) -> None:
+    """Prefill ``req``'s prompt (stamping states as the model would); the request stays running."""
+    prompt = req.origin_input_ids
+    while req.kv_len < len(prompt):
+        plan = cache.extend(req, min(chunk, len(prompt) - req.kv_len))
+        assert plan is not None
+        write_stamp(cache.mamba_pool, plan.live_slot, fingerprint(prompt[: plan.end]), plan.end)
+        if plan.track_slot is not None:
+            write_stamp(
+                cache.mamba_pool, plan.track_slot, fingerprint(prompt[: plan.track_len]), plan.track_len
+            )
+        cache.commit(plan, finished=plan.end == len(prompt))
+
+
+@given(
+    prompts=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(1, 3), min_size=1, max_size=24)),
+        min_size=1,
+        max_size=10,
+    ),
+    page=st.sampled_from([1, 2]),
+)
+def test_lazy_prefix_indices_equal_the_eager_hit_and_the_row(prompts, page) -> None:
+    """Two caches serve the same requests (each kept running for two more admissions, so that
+    evictions, splits and hand-overs happen while it runs); one reads ``req.prefix_indices`` and the
+    match's ``device_indices`` right after admission (the eager form), the other only when the request
+    finishes. Both give the row's ``[0, hit)`` as written at admission, and the caches end equal."""
+    config = CacheConfig(
+        mamba_radix_cache_strategy="extra_buffer",
+        page_size=page,
+        mamba_cache_chunk_size=2,
+        mamba_track_interval=4,
+        chunked_prefill_size=4,
+    )
+    caches = [
+        MambaRadixCache.build(config, num_tokens=96, num_slots=16, max_running_requests=3, max_context_len=40)
+        for _ in range(2)
+    ]
+    stems = [[9, 8, 7, 6, 5, 4], [9, 8, 7, 1], [4, 4, 4, 4]]
+    for k, cache in enumerate(caches):
+        eager = k == 0
+        running: list[tuple[Req, list[int], list[int] | None]] = []
+        recorder = Recorder(cache)
+        cache.match_prefix = recorder  # type: ignore[method-assign]
+        for rid, (stem, tail) in enumerate(prompts):
+            while len(running) >= 2:  # finish the oldest: the late read, then its row is freed
+                req, row_at_admission, read_early = running.pop(0)
+                assert req.prefix_indices.tolist() == row_at_admission
+                if read_early is not None:
+                    assert read_early == row_at_admission
+                cache.finish(req)
+            req = Req(rid=rid, origin_input_ids=stems[stem] + tail)
+            assert cache.admit(req, max_new_tokens=1)
+            hit = req.cache_protected_len
+            row = cache.req_to_token_pool.req_to_token[req.req_pool_idx][:hit].tolist()
+            read_early = None
+            if eager:
+                read_early = req.prefix_indices.tolist()
+                assert recorder.results[-1].device_indices is req.prefix_indices  # one tensor, read once
+                assert req.prefix_indices.dtype == torch.int64 and len(read_early) == hit
+            running.append((req, row, read_early))
+            _prefill(cache, req, chunk=4)
+        for req, row_at_admission, _ in running:
+            assert req.prefix_indices.tolist() == row_at_admission
+            cache.finish(req)
+        cache.check_invariants([])
+        assert len(recorder.results) == len(prompts)
+    assert caches[0].stats == caches[1].stats
+    assert caches[0].pretty_print() == caches[1].pretty_print()
+
+
+def test_match_result_reads_like_the_named_tuple_it_was() -> None:
+    cache = MambaRadixCache.build(
+        CacheConfig(mamba_radix_cache_strategy="extra_buffer", mamba_cache_chunk_size=1),
+        num_tokens=32,
+        num_slots=8,
+    )
+    kv = cache.alloc_token_slots(5)
+    slot = cache.alloc_state_slot()
+    cache.insert([1, 2, 3, 4, 5], kv, slot)
+    m = cache.match_prefix([1, 2, 3, 4, 5, 6])
+    assert m._fields == (
+        "device_indices",
+        "last_node",
+        "mamba_slot",
+        "full_kv_hit_len",
+        "mamba_branching_seqlen",
+    )
+    indices, node, got_slot, full, branching = m
+    assert indices.tolist() == kv.tolist() and indices.dtype == torch.int64
+    assert indices.data_ptr() != kv.data_ptr()  # a fresh tensor, never the node's storage
+    assert m.device_indices is indices and m[0] is indices and m[-1] is branching
+    assert (node, got_slot, full, branching) == (m.last_node, slot, 5, None)
+    assert m._asdict()["mamba_slot"] == slot and len(m) == 5 and m[1:3] == (node, slot)
+    assert "mamba_slot=" in repr(m)
+    with pytest.raises(InvalidArgument, match="device_indices or the tree match"):
+        MatchResult(None, node, None, 0, None)
