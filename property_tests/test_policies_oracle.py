@@ -161,3 +161,41 @@ def test_oracle_ablations_are_the_config_halves() -> None:
     reqs = paging_trace([0, 1], 2, seed=0)
     future = FutureIndex(reqs, demand_hits(CONFIG, reqs), PROMPT)
     assert Oracle(future, admission=False).admit_checkpoint(object(), 64)  # type: ignore[arg-type]
+
+
+def death_only_hits(sequence: list[int], capacity: int) -> int:
+    """Paging where only death is known: an item enters if it is used again; a full cache evicts a dead
+    item (least recently used first), else the least recently used living one."""
+    cached: dict[int, int] = {}  # item -> last use
+    hits = 0
+    for t, item in enumerate(sequence):
+        if item in cached:
+            hits += 1
+        elif item in sequence[t + 1 :]:
+            if len(cached) >= capacity:
+                dead = [c for c in cached if c not in sequence[t + 1 :]]
+                victim = min(dead or cached, key=cached.__getitem__)
+                del cached[victim]
+        else:
+            continue
+        cached[item] = t
+    return hits
+
+
+@pytest.mark.parametrize("seed", range(len(RANDOM_SEQUENCES)))
+def test_the_death_only_oracle_is_lru_that_knows_which_items_die(seed: int) -> None:
+    sequence = RANDOM_SEQUENCES[seed]
+    for slots in (3, 4):
+        got = oracle_count(sequence, slots, knows_order=False)
+        assert got == death_only_hits(sequence, slots - 1), (sequence, slots)
+        assert got <= optimal_hits(sequence, slots - 1)
+
+
+def test_knowing_the_order_beats_knowing_only_death_on_a_loop() -> None:
+    # capacity 2 over a loop of three items: LRU among the living evicts exactly the item needed next,
+    # so it hits only in the last round (when items start to die: 2 hits); Belady keeps one item of the
+    # loop fixed and hits every other request (6)
+    loop = [0, 1, 2] * 4
+    assert death_only_hits(loop, 2) == 2
+    assert oracle_count(loop, 3, knows_order=False) == 2
+    assert oracle_count(loop, 3) == optimal_hits(loop, 2) == 6

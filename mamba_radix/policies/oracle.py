@@ -57,6 +57,11 @@ class Oracle(CachePolicy):
     """Belady's MIN with oracle admission over a :class:`FutureIndex` (see the module docstring).
 
     ``admission`` / ``eviction``: switch either half off (ablations: off = the config's behaviour).
+    ``knows_order=False``: the *death-only* reference: eviction knows whether a candidate is used again but not
+    when (the never-used-again first, then LRU among the rest; admission declines the never-used and
+    admits every other hand-over, as LRU would). Its distance to the full oracle is what knowing the order
+    of future uses is worth; its distance to an online policy, what predicting which entries are dead is
+    worth (``experiments/headroom.py``).
     ``cache``: set it to the :class:`~mamba_radix.cache.MambaRadixCache` after building it, for the bypass
     rule (free slots); without it a used-again hand-over is always admitted.
     """
@@ -64,15 +69,21 @@ class Oracle(CachePolicy):
     name: ClassVar[str] = "oracle"
     needs_prefix_fingerprints: ClassVar[bool] = True
 
-    def __init__(self, future: FutureIndex, *, admission: bool = True, eviction: bool = True) -> None:
+    def __init__(
+        self, future: FutureIndex, *, admission: bool = True, eviction: bool = True, knows_order: bool = True
+    ) -> None:
         super().__init__()
         self.future = future
         self.admission = admission
         self.eviction = eviction
+        self.knows_order = knows_order
         self.now = -1
         self.cache: object | None = None
         self._swept = -1
-        self._due: dict[int, list[TreeNode]] = {}
+        # next-use time -> the nodes whose key embeds it, by id: a node keyed again before that time is filed
+        # once (a list collected a copy per re-key, and every copy was re-keyed again when due: under KV
+        # pressure the copies grew without bound and the re-keys with them)
+        self._due: dict[int, dict[int, TreeNode]] = {}
         self._req_fps = RequestFingerprints()
         # a hand-over kept only because its KV carries a later demand's branch point: node id ->
         # (that demand's depth, its next use); the hand-over being inserted now: (depth, carried)
@@ -111,7 +122,11 @@ class Oracle(CachePolicy):
                 tier, at = _FALLBACK, carried
         if tier == _DEAD:
             return (_DEAD, stamp, -node.depth, node.id)
-        self._due.setdefault(at, []).append(node)
+        self._due.setdefault(at, {})[node.id] = node  # alive until ``at``: re-keyed then (it may die)
+        if (
+            not self.knows_order
+        ):  # death only: whether a candidate is used again, not when (LRU among the living)
+            return (_FALLBACK, stamp, -node.depth, node.id)
         return (tier, -at, -node.depth, node.id)
 
     def mamba_key(self, node: TreeNode) -> tuple[int, ...]:
@@ -132,12 +147,12 @@ class Oracle(CachePolicy):
         if not isinstance(rid, int):
             return
         self.now = rid
-        stale: list[TreeNode] = []
+        stale: dict[int, TreeNode] = {}
         for t in range(self._swept + 1, rid):
-            stale += self._due.pop(t, ())
+            stale.update(self._due.pop(t, {}))
         self._swept = max(self._swept, rid - 1)
         if stale and self.tree is not None:
-            self.rekey(stale)
+            self.rekey(list(stale.values()))
 
     # ------------------------------------------------------------------------------------- admission
     def _carries(self, req: Req, seq_len: int) -> int:
@@ -167,8 +182,13 @@ class Oracle(CachePolicy):
             tier = _FALLBACK
             self._pending = (seq_len, (self._carried_depth, at))
         cache = self.cache
-        if cache is None or not self.eviction or cache.mamba_pool.available_size() > 0:  # type: ignore[attr-defined]
-            return True
+        if (
+            not self.knows_order
+            or cache is None
+            or not self.eviction
+            or cache.mamba_pool.available_size() > 0
+        ):  # type: ignore[attr-defined]
+            return True  # (death only: a living hand-over always enters, as under LRU)
         victim = self.tree.index.first_mamba() if self.tree is not None else None
         if victim is None or victim.mamba_evict_key is None:
             return True

@@ -29,7 +29,7 @@ from mamba_radix.policy import CachePolicy
 from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.traces import TraceRequest
 
-__all__ = ["POLICIES", "PolicyContext", "PolicySpec", "policy_names", "run_policy"]
+__all__ = ["POLICIES", "REFERENCES", "PolicyContext", "PolicySpec", "policy_names", "run_policy"]
 
 # Marconi's warm-up prefix: this fraction of the trace (at least MIN_WARMUP requests)
 WARMUP_FRACTION = 0.2
@@ -175,6 +175,25 @@ POLICIES: dict[str, PolicySpec] = {
 }
 
 
+# Offline references that decompose the oracle's lead; runnable by name (run_policy) but not part of the
+# comparisons over "all" policies (the main job), which stay the registry above.
+REFERENCES: dict[str, PolicySpec] = {
+    spec.name: spec
+    for spec in (
+        PolicySpec(
+            "oracle-death",
+            "offline",
+            "Offline reference that knows only which candidates are used again, not when: the oracle's "
+            "admission, never-used-again checkpoints and KV leaves evicted first, LRU among the rest.",
+            "Oracle(knows_order=False) (mamba_radix.policies.oracle): between an online policy and the "
+            "oracle, it splits the oracle's lead into predicting death and knowing the order of future uses.",
+            _current,
+            lambda config, ctx: Oracle(ctx.future(config), knows_order=False),
+        ),
+    )
+}
+
+
 def policy_names(family: str | None = None) -> list[str]:
     """Registered names, in registry order (optionally one family's)."""
     return [n for n, s in POLICIES.items() if family is None or s.family == family]
@@ -195,9 +214,9 @@ def run_policy(
     pre-passes: the oracle's demand run, Marconi's warm-up grid)."""
     from mamba_radix.sim.engine import Engine, EngineOptions
 
-    spec = POLICIES.get(name)
+    spec = POLICIES.get(name) or REFERENCES.get(name)
     if spec is None:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join([*POLICIES, *REFERENCES])}")
     config = spec.configure(base)
     policy = spec.make(config, ctx)
     requests = ctx.requests
