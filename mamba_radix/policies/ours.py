@@ -78,6 +78,18 @@ changes what is kept and in which order:
    are hit; the hits are at ``mid`` checkpoints (148) and at the ``branch`` checkpoints (88, ratio 0.98)
    that the continuations' KV matches create.
 
+Tried and not kept: **lineages** (a checkpoint's kind at its request's *generation*: one more than that of the
+request whose deepest recorded hand-over its prompt passes, so turn t of a chat session, level t of a tree and step
+t of an agent loop each get their own learned ratio) and **exhaustion** (the chance of one more hit given the hits
+so far, per lineage), a leaf of a dead lineage evicted before the living. The death-only oracle
+(``experiments/headroom.py``) says that knowing which entries die is most of the oracle's lead where KV binds (chat
+at 5,771 KV tokens 0.547 of the oracle's 0.616, SGLang 0.481; trees at 4,504: 0.797 of 0.800, SGLang 0.715), and
+lineages do find the dead ones (trees: last-level ``end`` checkpoints hit 0 of 31 times, the levels above 0.84-0.88;
+chat: last-turn ``decode`` 0 of 13), but on these 40-120-request workloads they are learned too late and cost
+elsewhere: chat 5,771 0.4795 -> 0.5275, but 11,543 0.6625 -> 0.6565 and trees 4,504 0.7183 -> 0.7114, both below
+SGLang; conversation 1.76M 0.0932 -> 0.1100 but 7.04M 0.2158 -> 0.1954 (absolute threshold 0.11 after 8 resolved);
+exhaustion changed nothing measurable.
+
 Ghosts count once (``ghost_once``): a ghost turns one eviction into one hit and is then dropped (it could
 be passed again by every later request sharing its prefix, which drove a kind's ratio past 1: ``branch``
 on shared system prompts at 6,370 KV tokens, 36 hits of 18 checkpoints). Chat where slots bind 0.909 ->
