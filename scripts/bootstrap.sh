@@ -4,14 +4,15 @@
 # - Reuses a torch that is already importable by the chosen Python (the venv sees system site-packages).
 # - Never pulls the multi-GB CUDA build of torch onto a CPU machine: when no torch is present it installs
 #   the CPU build (from a local wheel where this machine kind keeps one, else from PyTorch's CPU index).
-# - Re-running is cheap: a stamp file records the hash of pyproject.toml and of this script.
+# - Re-running is cheap: a stamp file records the hash of pyproject.toml, setup.py, the compiled walk's source
+#   (mamba_radix/_cwalk.c: a change rebuilds it) and this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 STAMP="$VENV/.mamba_radix_installed"
-want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py mamba_radix/_cwalk.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import mamba_radix, torch" 2>/dev/null; then
     exit 0
