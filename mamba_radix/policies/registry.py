@@ -94,104 +94,102 @@ def _make_oracle(config: CacheConfig, ctx: PolicyContext) -> CachePolicy:
     return Oracle(ctx.future(config))
 
 
-POLICIES: dict[str, PolicySpec] = {
-    spec.name: spec
-    for spec in (
-        PolicySpec(
-            "sglang-0.5.20",
-            "sglang",
-            "SGLang 0.5.20's MambaRadixCache: LRU over checkpoints (leaf-first ties), 3 free slots before "
-            "every prefill chunk, stateless ancestors deleted with a leaf.",
-            "Per request identical to SGLang's own cache in sequential replay (experiments/sglang_parity.py).",
-            _preset("sglang-0.5.20"),
-        ),
-        PolicySpec(
-            "sglang-0.5.23",
-            "sglang",
-            "SGLang 0.5.23's UnifiedRadixCache, the current release and the baseline: LRU, exact-slot "
-            "eviction, KV-only leaves.",
-            "As sglang-0.5.20 (mamba_radix.peers).",
-            _current,
-        ),
-        PolicySpec(
-            "sglang-cap3",
-            "peer",
-            "SGLang 0.5.23 with the per-path cap of PR #31230 at 3 (the PR's benchmark setting): after an "
-            "insert, a path's shallowest checkpoints beyond 3 are dropped (not the tail, forks or locked).",
-            "The cap is SGLang's rule (tree._enforce_path_cap); the value 3 is the PR's benchmark choice.",
-            lambda base: _current(base).replace(mamba_max_states_per_path=3),
-        ),
-        PolicySpec(
-            "thinning",
-            "peer",
-            "SGLang's coverage thinning (open PR #38000): the victim is the checkpoint whose removal "
-            "merges the smallest gap on its chain; locks, forks, reused states and chain tails stay.",
-            "See mamba_radix.policies.thinning: no session pins; thins globally.",
-            _current,
-            lambda config, ctx: CoverageThinning(),
-        ),
-        PolicySpec(
-            "vllm-sparse",
-            "peer",
-            "vLLM's sparse retention at prefix_cache_retention_interval=0: only the latest replay boundary, "
-            "shared-prefix junctions and prompt ends are kept; LRU.",
-            "See mamba_radix.policies.vllm_sparse: our 64-token grid, two pools, interval 0 only.",
-            _current,
-            lambda config, ctx: SparseRetention(),
-        ),
-        PolicySpec(
-            "marconi",
-            "peer",
-            "Marconi (MLSys'25): branch-and-end admission, utility norm(recency) + alpha * norm(FLOP "
-            "efficiency) renormalised at every eviction, alpha by grid search on the first 20% of the trace.",
-            "See mamba_radix.policies.marconi: tombstones instead of merges, coarser alpha grid, offline "
-            "warm-up replay instead of an online bootstrap window, our grid positions.",
-            lambda base: marconi_config(_current(base)),
-            _make_marconi,
-        ),
-        PolicySpec(
-            "sift",
-            "ours",
-            "Ours: learned kind-aware admission (branch / prompt end / mid-prefill / decode, each kind's "
-            "hit ratio learned online), supersession (an older checkpoint on a fork-free path below which a "
-            "newer one landed goes first, unless such checkpoints prove to be hit), GreedyDual inside a class "
-            "(a checkpoint's priority is the tokens it saves over its fallback, aged by the victims) and "
-            "GreedyDual-Size-Frequency for KV leaves (tokens saved per KV token, x64(1+hits) at junctions).",
-            "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
-            _current,
-            lambda config, ctx: Sift(),
-        ),
-        PolicySpec(
-            "oracle",
-            "offline",
-            "Offline reference: Belady's MIN over checkpoints and KV leaves with oracle admission (a "
-            "hand-over is kept only if a later request uses it, or its KV shows a later demand's branch).",
-            "Optimal only for one equal-value demand per request, sequential, KV not binding (see "
-            "mamba_radix.policies.oracle); a strong reference elsewhere.",
-            _current,
-            _make_oracle,
-        ),
-    )
-}
+def _by_name(*specs: PolicySpec) -> dict[str, PolicySpec]:
+    return {spec.name: spec for spec in specs}
+
+
+POLICIES: dict[str, PolicySpec] = _by_name(
+    PolicySpec(
+        "sglang-0.5.20",
+        "sglang",
+        "SGLang 0.5.20's MambaRadixCache: LRU over checkpoints (leaf-first ties), 3 free slots before "
+        "every prefill chunk, stateless ancestors deleted with a leaf.",
+        "Per request identical to SGLang's own cache in sequential replay (experiments/sglang_parity.py).",
+        _preset("sglang-0.5.20"),
+    ),
+    PolicySpec(
+        "sglang-0.5.23",
+        "sglang",
+        "SGLang 0.5.23's UnifiedRadixCache, the current release and the baseline: LRU, exact-slot "
+        "eviction, KV-only leaves.",
+        "As sglang-0.5.20 (mamba_radix.peers).",
+        _current,
+    ),
+    PolicySpec(
+        "sglang-cap3",
+        "peer",
+        "SGLang 0.5.23 with the per-path cap of PR #31230 at 3 (the PR's benchmark setting): after an "
+        "insert, a path's shallowest checkpoints beyond 3 are dropped (not the tail, forks or locked).",
+        "The cap is SGLang's rule (tree._enforce_path_cap); the value 3 is the PR's benchmark choice.",
+        lambda base: _current(base).replace(mamba_max_states_per_path=3),
+    ),
+    PolicySpec(
+        "thinning",
+        "peer",
+        "SGLang's coverage thinning (open PR #38000): the victim is the checkpoint whose removal "
+        "merges the smallest gap on its chain; locks, forks, reused states and chain tails stay.",
+        "See mamba_radix.policies.thinning: no session pins; thins globally.",
+        _current,
+        lambda config, ctx: CoverageThinning(),
+    ),
+    PolicySpec(
+        "vllm-sparse",
+        "peer",
+        "vLLM's sparse retention at prefix_cache_retention_interval=0: only the latest replay boundary, "
+        "shared-prefix junctions and prompt ends are kept; LRU.",
+        "See mamba_radix.policies.vllm_sparse: our 64-token grid, two pools, interval 0 only.",
+        _current,
+        lambda config, ctx: SparseRetention(),
+    ),
+    PolicySpec(
+        "marconi",
+        "peer",
+        "Marconi (MLSys'25): branch-and-end admission, utility norm(recency) + alpha * norm(FLOP "
+        "efficiency) renormalised at every eviction, alpha by grid search on the first 20% of the trace.",
+        "See mamba_radix.policies.marconi: tombstones instead of merges, coarser alpha grid, offline "
+        "warm-up replay instead of an online bootstrap window, our grid positions.",
+        lambda base: marconi_config(_current(base)),
+        _make_marconi,
+    ),
+    PolicySpec(
+        "sift",
+        "ours",
+        "Ours: learned kind-aware admission (branch / prompt end / mid-prefill / decode, each kind's "
+        "hit ratio learned online), supersession (an older checkpoint on a fork-free path below which a "
+        "newer one landed goes first, unless such checkpoints prove to be hit), GreedyDual inside a class "
+        "(a checkpoint's priority is the tokens it saves over its fallback, aged by the victims) and "
+        "GreedyDual-Size-Frequency for KV leaves (tokens saved per KV token, x64(1+hits) at junctions).",
+        "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
+        _current,
+        lambda config, ctx: Sift(),
+    ),
+    PolicySpec(
+        "oracle",
+        "offline",
+        "Offline reference: Belady's MIN over checkpoints and KV leaves with oracle admission (a "
+        "hand-over is kept only if a later request uses it, or its KV shows a later demand's branch).",
+        "Optimal only for one equal-value demand per request, sequential, KV not binding (see "
+        "mamba_radix.policies.oracle); a strong reference elsewhere.",
+        _current,
+        _make_oracle,
+    ),
+)
 
 
 # Offline references that decompose the oracle's lead; runnable by name (run_policy) but not part of the
 # comparisons over "all" policies (the main job), which stay the registry above.
-REFERENCES: dict[str, PolicySpec] = {
-    spec.name: spec
-    for spec in (
-        PolicySpec(
-            "oracle-death",
-            "offline",
-            "Offline reference that knows only which candidates are used again, not when: the oracle's "
-            "admission, never-used-again checkpoints and KV leaves evicted first, LRU among the rest.",
-            "Oracle(knows_order=False) (mamba_radix.policies.oracle): between an online policy and the "
-            "oracle, it splits the oracle's lead into predicting death and knowing the order of future uses.",
-            _current,
-            lambda config, ctx: Oracle(ctx.future(config), knows_order=False),
-        ),
-    )
-}
+REFERENCES: dict[str, PolicySpec] = _by_name(
+    PolicySpec(
+        "oracle-death",
+        "offline",
+        "Offline reference that knows only which candidates are used again, not when: the oracle's "
+        "admission, never-used-again checkpoints and KV leaves evicted first, LRU among the rest.",
+        "Oracle(knows_order=False) (mamba_radix.policies.oracle): between an online policy and the "
+        "oracle, it splits the oracle's lead into predicting death and knowing the order of future uses.",
+        _current,
+        lambda config, ctx: Oracle(ctx.future(config), knows_order=False),
+    ),
+)
 
 
 def policy_names(family: str | None = None) -> list[str]:
