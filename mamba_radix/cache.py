@@ -375,7 +375,10 @@ class MambaRadixCache(RequestLifecycle):
         if best_idx < 0:
             return PrefixPeek(0, pos + partial, root, 0, False), walk
         best = path[best_idx]
-        unlocked = sum(len(node.key) for node in path[: best_idx + 1] if node.full_lock_ref == 0)
+        unlocked = 0  # a loop, not sum(genexpr): the generator's frame costs more than this short path
+        for node in path[: best_idx + 1]:
+            if node.full_lock_ref == 0:
+                unlocked += len(node.key)
         return PrefixPeek(best.depth, pos + partial, best, unlocked, best.mamba_lock_ref == 0), walk
 
     def _branching(self, full_kv_hit_len: int, hit_len: int) -> int | None:
