@@ -293,8 +293,9 @@ class MambaRadixCache(RequestLifecycle):
         """The longest cached prefix of ``key`` that ends at a checkpoint.
 
         A plain sequence takes ``req.extra_key`` as its namespace. With ``req``, sets
-        ``req.prefix_indices``, ``req.last_node``, ``req.cache_protected_len``,
-        ``req.full_kv_hit_len`` and ``req.mamba_branching_seqlen`` (call it before admission: it does not release a lock ``req``
+        ``req.prefix_indices`` (the result's ``device_indices``, concatenated when first read),
+        ``req.last_node``, ``req.cache_protected_len``, ``req.full_kv_hit_len`` and
+        ``req.mamba_branching_seqlen`` (call it before admission: it does not release a lock ``req``
         holds). With ``cow_mamba`` and ``req``, copies the matched checkpoint into ``req``'s live slot,
         allocating one (``req.mamba_pool_idx``) if it has none, evicting one checkpoint if none is free
         (the matched node is locked meanwhile); if no slot can be had the hit is dropped (the result is
