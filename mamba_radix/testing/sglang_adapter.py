@@ -75,7 +75,7 @@ from mamba_radix.testing.known import KnownFailure, KnownIssue
 from mamba_radix.testing.params import slots_per_request, suite_params
 from mamba_radix.testing.sglang import SGLangModules, load_sglang
 from mamba_radix.testing.sglang.pools import advance_track
-from mamba_radix.testing.sglang.replay import ExtendRange, KvRecord
+from mamba_radix.testing.sglang.replay import ExtendRange, KvRecord, prefill_chunk_len
 from mamba_radix.testing.stamps import EMPTY_STAMP, StampStore
 
 __all__ = ["KNOWN_ISSUES", "SGLANG_VERSION", "SGLangAdapter", "sglang_params"]
@@ -416,14 +416,10 @@ class SGLangAdapter:
         return req.kv_len < len(req.origin_input_ids)
 
     def _chunk_len(self, req: _Req) -> int:
-        start, left = req.kv_len, len(req.origin_input_ids) - req.kv_len
-        chunk = self.params.prefill_chunk
-        if left <= chunk:
-            return left
-        if req.chunks:
-            return chunk
-        ps = self.params.page_size  # the first chunk ends on a page
-        return (start + chunk // ps * ps) // ps * ps - start
+        left = len(req.origin_input_ids) - req.kv_len
+        return prefill_chunk_len(
+            req.kv_len, left, self.params.prefill_chunk, self.params.page_size, not req.chunks
+        )
 
     def prefill_chunk(self, rid: int) -> list[Offer] | None:
         req = self.reqs[rid]

@@ -94,6 +94,18 @@ class ReplayRequest:
     extra_key: str | None = None
 
 
+def prefill_chunk_len(start: int, left: int, chunk: int, page_size: int, first: bool) -> int:
+    """The scheduler's next prefill chunk of a request at ``start`` with ``left`` prompt tokens to go: all of
+    them when they fit ``chunk`` (or chunking is off, ``chunk <= 0``); else ``chunk``, except that the
+    request's first chunk ends on a page boundary (counted from position 0, as SGLang's scheduler cuts it).
+    The one rule for the parity replay and the suite adapter. O(1)."""
+    if chunk <= 0 or left <= chunk:
+        return left
+    if not first:
+        return chunk
+    return (start + chunk // page_size * page_size) // page_size * page_size - start
+
+
 def requests_from_trace(traces: Iterable[Any]) -> list[ReplayRequest]:
     """:class:`ReplayRequest` from :class:`mamba_radix.sim.traces.TraceRequest` (the simulator's ids)."""
     return [ReplayRequest(t.index, t.input_ids, t.output_ids, getattr(t, "extra_key", None)) for t in traces]
@@ -425,15 +437,13 @@ class _Driver:
     # ------------------------------------------------------------------------------------ prefill
     def chunk_len(self, req: _Req, first: bool) -> int:
         prefix = self.prefix_len(req)
-        left = len(req.origin_input_ids) - prefix
-        chunk = self.cfg.chunked_prefill_size
-        if chunk <= 0 or left <= chunk:
-            return left
-        if not first:
-            return chunk
-        ps = self.cfg.page_size
-        extend = chunk // ps * ps
-        return (prefix + extend) // ps * ps - prefix
+        return prefill_chunk_len(
+            prefix,
+            len(req.origin_input_ids) - prefix,
+            self.cfg.chunked_prefill_size,
+            self.cfg.page_size,
+            first,
+        )
 
     def slot_headroom(self, req: _Req) -> None:
         """0.5.20 ``alloc_req_slots``: evict states until the per-request headroom is free."""
