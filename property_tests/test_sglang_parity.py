@@ -20,7 +20,7 @@ from mamba_radix.data import trace_path
 from mamba_radix.sim.traces import iter_block_trace
 from mamba_radix.testing.sglang import SGLangLoadError, SGLangUnavailableError, load_sglang
 from mamba_radix.testing.sglang.parity import compare, preset_for, replay_config_for
-from mamba_radix.testing.sglang.replay import ReplayConfig, replay, requests_from_trace
+from mamba_radix.testing.sglang.replay import ReplayConfig, prefill_chunk_len, replay, requests_from_trace
 
 pytestmark = pytest.mark.sglang
 
@@ -118,3 +118,13 @@ def test_unavailable_wheel_is_a_typed_one_line_error(tmp_path, monkeypatch):
         loader.fetch_wheel("0.5.20")
     msg = str(err.value)
     assert "\n" not in msg and "sglang==0.5.20" in msg and "No matching distribution" in msg
+
+
+def test_the_schedulers_first_chunk_ends_on_a_page() -> None:
+    # a request resuming at token 3 with 100 left, chunks of 16, pages of 4: the first chunk stops at 16
+    # (the page boundary at or below 3 + 16), later chunks are whole; a rest that fits goes at once
+    assert prefill_chunk_len(3, 100, 16, 4, first=True) == 13
+    assert prefill_chunk_len(16, 87, 16, 4, first=False) == 16
+    assert prefill_chunk_len(3, 100, 16, 1, first=True) == 16
+    assert prefill_chunk_len(3, 10, 16, 4, first=True) == 10
+    assert prefill_chunk_len(3, 100, 0, 4, first=True) == 100  # chunking off
