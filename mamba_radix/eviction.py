@@ -1,7 +1,8 @@
 """Eviction orders: which nodes may be evicted and in what order (:class:`EvictionIndex`).
 
 Two ordered candidate sets, each a ``sortedcontainers.SortedList`` of tuple keys that end with the node
-id, so every order is total and deterministic and no wall-clock time is involved:
+id, so every order is total and deterministic and no wall-clock time is involved (a removal is deferred:
+the key is marked dead and leaves the list at the front or at a compaction, see :class:`_KeySet`):
 
 - **full KV**: unlocked leaves (``full_lock_ref == 0``, no children), keyed
   ``(last_access, -depth, id)``: least recently used first, the deeper of two equally old leaves first.
@@ -183,12 +184,97 @@ class CandidateKeys(Protocol):
     def mamba_key(self, node: TreeNode) -> tuple[int, ...]: ...
 
 
-def _rekey(candidates: SortedList, old: tuple[int, ...] | None, new: tuple[int, ...] | None) -> None:
-    """Replace ``old`` by ``new`` in ``candidates`` (None = absent). O(log n)."""
-    if old is not None:
-        candidates.remove(old)
-    if new is not None:
-        candidates.add(new)
+# Whether an EvictionIndex built without an explicit ``lazy_removal`` defers removals (_KeySet). The
+# eager form is the reference a property test checks the lazy one against.
+LAZY_REMOVAL = True
+# A lazy set compacts once it holds more than this many dead keys and more dead keys than live ones
+# (module constant: the property test shrinks it to reach compaction in a few operations).
+COMPACT_MIN_DEAD = 4096
+
+
+class _KeySet:
+    """One candidate set: unique keys in sorted order, with removal deferred (``lazy``) or immediate.
+
+    Why deferred: on a large tree a ``SortedList.remove`` costs 8-10 us (two bisections whose tuple
+    compares miss the cache, then a ``del`` inside a sublist), while an ``add`` at the end, where a fresh
+    stamp always lands, costs about 1 us. A touch is a remove then an add, so a lazy set marks the old key
+    dead (a set insertion, ~0.1 us) and leaves it in the list; :meth:`first` drops dead keys when they
+    reach the front, iteration skips them, and the list is rebuilt without them once they outnumber the
+    live ones (O(n) every n removals: amortised O(1)). Keys are unique (they end with the node id), so a
+    dead key added again is the same entry made live, never a second one. The order of the live keys is
+    exactly the eager set's.
+    """
+
+    __slots__ = ("_dead", "_lazy", "_sorted")
+
+    def __init__(self, lazy: bool) -> None:
+        self._sorted = SortedList()
+        self._dead: set[tuple[int, ...]] = set()  # keys still in _sorted but no longer members
+        self._lazy = lazy
+
+    def add(self, key: tuple[int, ...]) -> None:
+        """Make ``key`` a member (it must not be one). O(log n)."""
+        dead = self._dead
+        if dead and key in dead:
+            dead.remove(key)  # still in the list: the same entry is live again
+        else:
+            self._sorted.add(key)
+
+    def remove(self, key: tuple[int, ...]) -> None:
+        """Drop member ``key``: O(1) amortised when lazy (marked dead, compacted later), O(log n) eager."""
+        if not self._lazy:
+            self._sorted.remove(key)
+            return
+        dead = self._dead
+        dead.add(key)
+        if len(dead) > COMPACT_MIN_DEAD and 2 * len(dead) > len(self._sorted):
+            self._compact()
+
+    def replace(self, old: tuple[int, ...] | None, new: tuple[int, ...] | None) -> None:
+        """Replace ``old`` by ``new`` (None = absent). O(log n)."""
+        if old is not None:
+            self.remove(old)
+        if new is not None:
+            self.add(new)
+
+    def first(self) -> tuple[int, ...] | None:
+        """The smallest member, or None. Side effect: dead keys in front of it leave the list.
+        O(log n) amortised (each dead key is dropped once)."""
+        ordered, dead = self._sorted, self._dead
+        while ordered:
+            key = ordered[0]
+            if not dead or key not in dead:
+                return key
+            dead.remove(key)
+            ordered.pop(0)
+        return None
+
+    def _compact(self) -> None:
+        """Rebuild the list from its live keys (already sorted: one linear pass). O(n)."""
+        dead = self._dead
+        live = [key for key in self._sorted if key not in dead]
+        self._sorted.clear()
+        self._sorted.update(live)
+        dead.clear()
+
+    def keys(self) -> list[tuple[int, ...]]:
+        """The members in order. O(n)."""
+        dead = self._dead
+        if not dead:
+            return list(self._sorted)
+        return [key for key in self._sorted if key not in dead]
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        dead = self._dead
+        if not dead:
+            return iter(self._sorted)
+        return (key for key in self._sorted if key not in dead)
+
+    def __len__(self) -> int:
+        return len(self._sorted) - len(self._dead)
+
+    def __bool__(self) -> bool:
+        return len(self._sorted) > len(self._dead)
 
 
 class EvictionIndex:
@@ -196,6 +282,8 @@ class EvictionIndex:
 
     ``order`` is a ``mamba_eviction_order`` name (``flop_weight`` / ``flop_crossover`` then give the
     ``flop_weighted`` parameters) or a ready :class:`CheckpointOrder`; :attr:`order` holds the latter.
+    ``lazy_removal`` (default :data:`LAZY_REMOVAL`): whether a removal is deferred (see :class:`_KeySet`;
+    the same candidates, order and keys either way, a removal O(1) amortised instead of O(log n)).
     """
 
     def __init__(
@@ -205,6 +293,7 @@ class EvictionIndex:
         flop_weight: float = DEFAULT_FLOP_WEIGHT,
         flop_crossover: int = DEFAULT_FLOP_CROSSOVER,
         keys: CandidateKeys | None = None,
+        lazy_removal: bool | None = None,
     ) -> None:
         if not isinstance(order, CheckpointOrder):
             order = CheckpointOrder(order, flop_weight, flop_crossover)
@@ -214,8 +303,9 @@ class EvictionIndex:
         self._mamba_key: Callable[[TreeNode], tuple[int, ...]] = order.key_of
         if keys is not None:
             self._full_key, self._mamba_key = keys.full_key, keys.mamba_key
-        self._full: SortedList = SortedList()
-        self._mamba: SortedList = SortedList()
+        lazy = LAZY_REMOVAL if lazy_removal is None else lazy_removal
+        self._full = _KeySet(lazy)
+        self._mamba = _KeySet(lazy)
         self._nodes: dict[int, TreeNode] = {}  # id -> node, for every node in either set
 
     # ------------------------------------------------------------------------------------------ updates
@@ -228,14 +318,14 @@ class EvictionIndex:
         unlocked = node.full_lock_ref == 0
         want_full = self._full_key(node) if unlocked and not children and node.id != ROOT_ID else None
         if want_full != node.full_evict_key:
-            _rekey(self._full, node.full_evict_key, want_full)
+            self._full.replace(node.full_evict_key, want_full)
             node.full_evict_key = want_full
         if node.mamba_slot is not None and node.mamba_lock_ref == 0 and (children or unlocked):
             want_mamba = self._mamba_key(node)
         else:
             want_mamba = None
         if want_mamba != node.mamba_evict_key:
-            _rekey(self._mamba, node.mamba_evict_key, want_mamba)
+            self._mamba.replace(node.mamba_evict_key, want_mamba)
             node.mamba_evict_key = want_mamba
         if want_full is None and want_mamba is None:
             if node.id in self._nodes:
@@ -281,12 +371,16 @@ class EvictionIndex:
 
     # ------------------------------------------------------------------------------------------ queries
     def first_full(self) -> TreeNode | None:
-        """The next full-KV victim (an unlocked leaf), or None. O(log n)."""
-        return self._nodes[self._full[0][-1]] if self._full else None
+        """The next full-KV victim (an unlocked leaf), or None. O(log n) amortised (it may drop dead keys
+        from the front of the set)."""
+        key = self._full.first()
+        return None if key is None else self._nodes[key[-1]]
 
     def first_mamba(self) -> TreeNode | None:
-        """The next checkpoint victim, or None. O(log n)."""
-        return self._nodes[self._mamba[0][-1]] if self._mamba else None
+        """The next checkpoint victim, or None. O(log n) amortised (it may drop dead keys from the front
+        of the set)."""
+        key = self._mamba.first()
+        return None if key is None else self._nodes[key[-1]]
 
     def full_candidates(self) -> Iterator[TreeNode]:
         """Full-KV candidates in eviction order (for tests and the invariant checker). O(n)."""
@@ -297,10 +391,12 @@ class EvictionIndex:
         return (self._nodes[k[-1]] for k in self._mamba)
 
     def full_keys(self) -> list[tuple[int, ...]]:
-        return list(self._full)
+        """The full-KV candidates' keys in eviction order. O(n)."""
+        return self._full.keys()
 
     def mamba_keys(self) -> list[tuple[int, ...]]:
-        return list(self._mamba)
+        """The checkpoint candidates' keys in eviction order. O(n)."""
+        return self._mamba.keys()
 
     def __len__(self) -> int:
         return len(self._nodes)

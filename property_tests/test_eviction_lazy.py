@@ -1,0 +1,190 @@
+"""The eviction index's deferred removal against the eager reference (issue 12: a fast path keeps its
+reference and a test that the two agree).
+
+A lazy candidate set (:class:`mamba_radix.eviction._KeySet` with ``lazy=True``, the default) marks a removed
+key dead instead of deleting it from its ``SortedList``, drops dead keys when they reach the front, skips
+them when iterating and compacts once they outnumber the live ones. The eager set (``lazy=False``) deletes at
+once. Both must hold the same members in the same order after any sequence of adds, removals (including a
+dead key added again) and queries; and two trees, one per form, must pick the same victims, under the same
+keys, over random inserts, matches, locks and evictions, for every order, refresh mode and both the base
+policy's fast index paths and the general one. The compaction threshold is shrunk so that a few operations
+reach it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mamba_radix import CacheConfig, RadixKey, eviction
+from mamba_radix.config import EVICTION_ORDERS
+from mamba_radix.eviction import _KeySet
+from mamba_radix.invariants import check_tree_invariants
+from mamba_radix.policy import CachePolicy
+from mamba_radix.tree import RadixTree
+
+
+@contextmanager
+def _compact_min(dead: int) -> Iterator[None]:
+    """Compaction from ``dead`` dead keys on (the module's threshold, restored afterwards)."""
+    saved = eviction.COMPACT_MIN_DEAD
+    eviction.COMPACT_MIN_DEAD = dead
+    try:
+        yield
+    finally:
+        eviction.COMPACT_MIN_DEAD = saved
+
+
+# ------------------------------------------------------------------------------------- the key set alone
+set_op_st = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 30)),  # a key (stamp, id) for id, made a member if it is not
+    st.tuples(st.just("remove"), st.integers(0, 30)),  # the id-th member (modulo), if any
+    st.tuples(st.just("first"), st.just(0)),
+)
+
+
+@settings(deadline=None)
+@given(ops=st.lists(set_op_st, max_size=80), compact_from=st.integers(0, 4))
+def test_lazy_key_set_matches_the_eager_one(ops: list[tuple[str, int]], compact_from: int) -> None:
+    lazy, eager = _KeySet(lazy=True), _KeySet(lazy=False)
+    members: dict[int, tuple[int, int]] = {}  # id -> its key while a member
+    stamp_of: dict[int, int] = {}  # id -> the stamp of its last key (a re-add may reuse a dead key)
+    with _compact_min(compact_from):
+        for step, (op, arg) in enumerate(ops):
+            if op == "add" and arg not in members:
+                # half the re-adds reuse the id's last (now dead) key, the others take a fresh stamp
+                stamp = stamp_of[arg] if arg in stamp_of and step % 2 else step
+                key = (stamp, arg)
+                lazy.add(key)
+                eager.add(key)
+                members[arg] = key
+                stamp_of[arg] = stamp
+            elif op == "remove" and members:
+                node_id = sorted(members)[arg % len(members)]
+                key = members.pop(node_id)
+                lazy.remove(key)
+                eager.remove(key)
+            elif op == "first":
+                assert lazy.first() == eager.first() == (min(members.values()) if members else None)
+            assert lazy.keys() == eager.keys() == sorted(members.values())
+            assert list(lazy) == list(eager)
+            assert len(lazy) == len(eager) == len(members)
+            assert bool(lazy) == bool(eager) == bool(members)
+            # dead keys never outnumber the live ones beyond the threshold (the list stays O(live))
+            assert len(lazy._dead) <= max(compact_from, len(members))
+
+
+def test_lazy_key_set_compacts_and_defers() -> None:
+    """A removal is deferred (the key stays in the list, dead) until the dead outnumber the live."""
+    with _compact_min(2):
+        keys = _KeySet(lazy=True)
+        for i in range(6):
+            keys.add((i, i))
+        for i in range(3):
+            keys.remove((i, i))
+        assert len(keys._sorted) == 6 and len(keys._dead) == 3 and len(keys) == 3  # deferred
+        keys.remove((3, 3))  # 4 dead > 2 live and > 2: rebuilt from the live keys
+        assert list(keys._sorted) == [(4, 4), (5, 5)] and not keys._dead
+        keys.remove((4, 4))
+        assert keys.first() == (5, 5) and list(keys._sorted) == [(5, 5)]  # the front's dead key dropped
+
+
+# ---------------------------------------------------------------------------------------- whole trees
+class GeneralPath(CachePolicy):
+    """The base policy's keys through the general path (a subclass: the tree cannot assume its keys)."""
+
+    name = "general-path"
+
+
+tokens_st = st.lists(st.integers(0, 3), min_size=1, max_size=16)
+tree_op_st = st.one_of(
+    st.tuples(st.just("insert"), tokens_st),
+    st.tuples(st.just("match"), tokens_st),
+    st.tuples(st.just("lock"), st.integers(0, 50)),
+    st.tuples(st.just("unlock"), st.integers(0, 50)),
+    st.tuples(st.just("evict"), st.tuples(st.integers(0, 8), st.integers(0, 2))),
+)
+
+
+def _state(tree: RadixTree) -> tuple[object, ...]:
+    index = tree.index
+    first_full, first_mamba = index.first_full(), index.first_mamba()
+    return (
+        [n.id for n in index.full_candidates()],
+        [n.id for n in index.mamba_candidates()],
+        index.full_keys(),
+        index.mamba_keys(),
+        len(index),
+        None if first_full is None else first_full.id,
+        None if first_mamba is None else first_mamba.id,
+        sorted((n.id, n.last_access, n.mamba_last_access, n.mamba_slot) for n in tree.nodes()),
+    )
+
+
+def _tree(config: CacheConfig, general: bool, lazy: bool) -> RadixTree:
+    saved = eviction.LAZY_REMOVAL
+    eviction.LAZY_REMOVAL = lazy
+    try:
+        return RadixTree(config, policy=GeneralPath() if general else None)
+    finally:
+        eviction.LAZY_REMOVAL = saved
+
+
+@settings(deadline=None)
+@given(
+    order=st.sampled_from(EVICTION_ORDERS),
+    refresh=st.sampled_from(["node", "path"]),
+    general=st.booleans(),
+    ops=st.lists(tree_op_st, max_size=40),
+)
+def test_lazy_index_trees_agree_with_eager_ones(
+    order: str, refresh: str, general: bool, ops: list[tuple[str, object]]
+) -> None:
+    config = CacheConfig(
+        mamba_radix_cache_strategy="no_buffer", mamba_eviction_order=order, mamba_lru_refresh=refresh
+    )
+    lazy, eager = _tree(config, general, lazy=True), _tree(config, general, lazy=False)
+    assert lazy.index._full._lazy and not eager.index._full._lazy
+    locked: list[tuple[object, object]] = []  # (lazy tree's node, eager tree's node), both locked
+    slot, kv = 1, 1
+    with _compact_min(1):
+        for op, arg in ops:
+            if op == "insert":
+                tokens = list(arg)  # type: ignore[call-overload]
+                value = torch.arange(kv, kv + len(tokens), dtype=torch.int64)
+                kv += len(tokens)
+                a = lazy.insert(RadixKey(tokens), value, slot)
+                b = eager.insert(RadixKey(tokens), value.clone(), slot)
+                assert (a.prefix_len, a.mamba_exists, a.node.id) == (b.prefix_len, b.mamba_exists, b.node.id)
+                slot += 1
+            elif op == "match":
+                a_m = lazy.match(RadixKey(list(arg)))  # type: ignore[call-overload]
+                b_m = eager.match(RadixKey(list(arg)))  # type: ignore[call-overload]
+                assert (a_m.best.id, a_m.hit_len) == (b_m.best.id, b_m.hit_len)
+            elif op == "lock":
+                holders = [n for n in lazy.nodes() if n.mamba_slot is not None]
+                if holders:
+                    node = holders[int(arg) % len(holders)]  # type: ignore[call-overload]
+                    twin = next(n for n in eager.nodes() if n.id == node.id)
+                    lazy.inc_lock_ref(node)
+                    eager.inc_lock_ref(twin)
+                    locked.append((node, twin))
+            elif op == "unlock":
+                if locked:
+                    node, twin = locked.pop(int(arg) % len(locked))  # type: ignore[call-overload]
+                    lazy.dec_lock_ref(node)  # type: ignore[arg-type]
+                    eager.dec_lock_ref(twin)  # type: ignore[arg-type]
+            else:
+                tokens_n, states_n = arg  # type: ignore[misc]
+                a_f, b_f = lazy.evict(tokens_n, states_n), eager.evict(tokens_n, states_n)
+                assert (a_f.slots, a_f.num_tokens, a_f.num_states) == (
+                    b_f.slots,
+                    b_f.num_tokens,
+                    b_f.num_states,
+                )
+            assert _state(lazy) == _state(eager)
+            check_tree_invariants(lazy)
