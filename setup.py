@@ -8,7 +8,9 @@ without editing a list; ``kernels/`` and its subpackages are installed as ``mamb
 ``mamba_radix._cwalk`` (``mamba_radix/_cwalk.c``, plain CPython C API) is the radix tree's page-1 walk
 compiled. It is optional: where no C compiler or Python headers are found the build warns and the install
 goes on, and :mod:`mamba_radix.tree` runs its pure-Python loop (the reference the compiled one is tested
-against). An editable install (``pip install -e .``) builds it in place next to the sources.
+against). ``mamba_radix._ctokens`` (``mamba_radix/_ctokens.c``) is the request lifecycle's token-list check
+compiled, optional the same way (:mod:`mamba_radix.lifecycle` then runs its ``struct.pack`` check, the
+reference). An editable install (``pip install -e .``) builds both in place next to the sources.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -31,4 +33,10 @@ CWALK = Extension(
     optional=True,
 )
 
-setup(packages=packages_found(), ext_modules=[CWALK])
+CTOKENS = Extension(
+    "mamba_radix._ctokens",
+    sources=["mamba_radix/_ctokens.c"],
+    optional=True,
+)
+
+setup(packages=packages_found(), ext_modules=[CWALK, CTOKENS])

@@ -38,6 +38,7 @@ happens once, at the public edge: the prompt and each sampled token are checked 
 
 from __future__ import annotations
 
+import os
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
@@ -101,10 +102,14 @@ def _check_count(value: object, what: str, minimum: int) -> int:
     return value
 
 
-def _check_token_list(tokens: object, what: str) -> array:
+def _check_token_list_reference(tokens: object, what: str) -> array:
     """A list of ints in int64 range, returned as an int64 ``array('q')`` (the validated copy the keys are
     cut from). O(len), at C speed: ``struct.pack`` refuses floats, None, strings and overflow (~6 ns a
-    token, 2.5x faster than ``array('q', list)``), then one ``memcpy`` into the array."""
+    token, 2.5x faster than ``array('q', list)``), then one ``memcpy`` into the array. Takes bools (as 1
+    and 0), int subclasses and objects with ``__index__`` (numpy integers) as the ints they stand for.
+
+    The reference: it decides every list and raises every error; :func:`_check_token_list` only skips it
+    for the lists the compiled check takes."""
     if not isinstance(tokens, list):
         raise InvalidArgument(f"{what} must be a list of int token ids, got {type(tokens).__name__}")
     ids = array("q")
@@ -114,6 +119,31 @@ def _check_token_list(tokens: object, what: str) -> array:
         except struct.error as exc:
             raise InvalidArgument(f"{what} must hold int token ids in int64 range: {exc}") from None
     return ids
+
+
+try:  # the compiled token check: optional (setup.py builds it where a C compiler is found)
+    from mamba_radix._ctokens import pack_int64 as _c_pack_int64
+except ImportError:  # not built (no compiler at install time) or built for another Python
+    _c_pack_int64 = None
+
+# Whether _check_token_list tries the compiled check when it imported (False: always the reference; tests
+# set it to compare the two). The tree's switch, so one variable turns every compiled path off:
+# MAMBA_RADIX_C_WALK=0 at import (mamba_radix.tree, imported above, has already refused a value that is
+# not 0 or 1).
+_C_TOKEN_CHECK = os.environ.get("MAMBA_RADIX_C_WALK", "1") == "1"
+
+
+def _check_token_list(tokens: object, what: str) -> array:
+    """:func:`_check_token_list_reference`'s result and errors, faster: a list of exact ints in int64
+    range (and bools) is packed by the compiled ``pack_int64`` (about 1.6 ns a token on a list in cache
+    against 9 for the reference; about half the reference's time on one that is not); any other input,
+    valid or not, goes to the reference, which accepts or refuses it exactly as before. O(len), no side
+    effects."""
+    if _C_TOKEN_CHECK and _c_pack_int64 is not None:
+        ids = _c_pack_int64(tokens)
+        if ids is not None:
+            return ids
+    return _check_token_list_reference(tokens, what)
 
 
 class RequestLifecycle:

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 STAMP="$VENV/.mamba_radix_installed"
-want="$(cat pyproject.toml setup.py mamba_radix/_cwalk.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py mamba_radix/_cwalk.c mamba_radix/_ctokens.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import mamba_radix, torch" 2>/dev/null; then
     exit 0

@@ -1,0 +1,268 @@
+"""The compiled token-list check (``mamba_radix._ctokens``, issue 12: a compiled core keeps the pure-Python
+path as the reference and a test checks the two agree) against ``_check_token_list_reference``.
+
+- ``_check_token_list`` with the compiled check on and the reference alone, on random lists mixing valid
+  ints (the whole int64 range, its bounds, CPython's one-digit and multi-digit ints), bools, numpy
+  integers (in and out of range), floats, None, strings, ints past int64, int subclasses and objects whose
+  ``__index__`` returns, overflows or raises: the same ``array('q')`` or the same exception type and
+  message;
+- ``pack_int64`` itself: it takes every list of exact ints in range and bools (so the fast path is really
+  the one that runs), and hands back (None) every list holding anything else, and every non-list;
+- a list resized by a finaliser while the array is allocated, references (nothing leaked);
+- admission: a bad prompt or output list is refused with the same error and message, the cache unchanged,
+  with the compiled check on and off.
+
+Skipped when the extension was not built (no C compiler at install time): the reference is then the only
+check, and the admission tests elsewhere cover it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mamba_radix import CacheConfig, InvalidArgument, MambaRadixCache, Req
+from mamba_radix import lifecycle as lifecycle_mod
+from mamba_radix.lifecycle import _check_token_list, _check_token_list_reference
+
+ctokens = pytest.importorskip("mamba_radix._ctokens", reason="the compiled token check was not built")
+pack_int64 = ctokens.pack_int64
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+WHAT = "request 'r': origin_input_ids"
+
+
+class SubInt(int):
+    """An int subclass whose ``__index__`` lies: the reference reads the int's own value, never calls it."""
+
+    def __index__(self) -> int:
+        return 99
+
+
+class Indexable:
+    """Not an int, but ``__index__`` makes it one (as numpy integers do): the reference takes its result."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __index__(self) -> Any:
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Indexable({self.value!r})"
+
+
+@contextlib.contextmanager
+def c_check_on(on: bool) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lifecycle_mod, "_C_TOKEN_CHECK", on)
+        yield
+
+
+def outcome(call: Any, *args: Any) -> tuple[str, Any]:
+    """A call's result as something comparable: ('ok', type code, values) or ('raised', type, message)."""
+    try:
+        ids = call(*args)
+    except Exception as exc:  # the type and message are what is compared
+        return ("raised", type(exc), str(exc))
+    assert type(ids) is array
+    return ("ok", ids.typecode, ids.tolist())
+
+
+BOUNDS = [INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MAX - 1]
+# exact ints the C loop reads digit by digit or through PyLong_AsLongLongAndOverflow: small (cached),
+# one 30-bit digit, two and three digits, the int64 bounds and their neighbours
+int64_st = (
+    st.integers(-300, 300)
+    | st.integers(INT64_MIN, INT64_MAX)
+    | st.sampled_from([0, 1, -1, 2**30 - 1, 2**30, -(2**30), 2**31, 2**60, -(2**62), *BOUNDS])
+)
+valid_item_st = int64_st | st.booleans()
+# items the C loop must hand back; the reference takes some (int subclasses, numpy ints, __index__) and
+# refuses others (floats, None, strings, overflow), or raises what __index__ raises
+odd_item_st = st.one_of(
+    st.builds(SubInt, int64_st),
+    st.builds(np.int64, int64_st),
+    st.builds(np.int32, st.integers(-(2**31), 2**31 - 1)),
+    st.builds(np.uint64, st.sampled_from([0, 7, 2**63 - 1, 2**63, 2**64 - 1])),
+    st.sampled_from([np.True_, np.False_]),
+    st.floats(allow_nan=True),
+    st.just(None),
+    st.text(max_size=3),
+    st.binary(max_size=3),
+    st.integers(INT64_MAX + 1, 2**100) | st.integers(-(2**100), INT64_MIN - 1),
+    st.builds(Indexable, int64_st | st.sampled_from([2**63, -(2**63) - 1, 1.5, "7"])),
+    st.sampled_from([Indexable(ValueError("no index")), Indexable(OverflowError("too big"))]),
+    st.builds(complex, st.integers(-3, 3)),
+    st.sampled_from([[1], (1,), {1}, object()]),
+)
+# mostly valid lists (so some mixed ones are refused late, past many good items), some with odd items
+mixed_list_st = st.lists(valid_item_st, max_size=40) | st.lists(
+    st.one_of(valid_item_st, odd_item_st), max_size=40
+)
+
+
+@given(tokens=mixed_list_st)
+def test_compiled_check_agrees_with_the_reference(tokens: list[Any]) -> None:
+    with c_check_on(True):
+        fast = outcome(_check_token_list, list(tokens), WHAT)
+    with c_check_on(False):
+        slow = outcome(_check_token_list, list(tokens), WHAT)
+    assert fast == slow == outcome(_check_token_list_reference, list(tokens), WHAT)
+
+
+@given(tokens=st.lists(valid_item_st, max_size=60))
+def test_exact_ints_and_bools_take_the_compiled_path(tokens: list[Any]) -> None:
+    ids = pack_int64(tokens)
+    assert type(ids) is array and ids.typecode == "q"
+    assert ids.tolist() == [int(t) for t in tokens] == _check_token_list_reference(tokens, WHAT).tolist()
+
+
+@given(
+    head=st.lists(valid_item_st, max_size=20),
+    odd=odd_item_st,
+    tail=st.lists(valid_item_st, max_size=20),
+)
+def test_any_other_item_is_handed_back(head: list[Any], odd: Any, tail: list[Any]) -> None:
+    assert pack_int64([*head, odd, *tail]) is None
+
+
+def test_the_int64_bounds_and_a_long_prompt() -> None:
+    assert pack_int64([INT64_MIN, INT64_MAX, True, False, -1, 0]).tolist() == [
+        INT64_MIN,
+        INT64_MAX,
+        1,
+        0,
+        -1,
+        0,
+    ]
+    assert pack_int64([INT64_MAX + 1]) is None and pack_int64([INT64_MIN - 1]) is None
+    assert pack_int64([]) == array("q")
+    prompt = list(range(-6000, 6000)) + [2**40 + i for i in range(100)]
+    assert pack_int64(prompt) == _check_token_list_reference(prompt, WHAT) == array("q", prompt)
+
+
+@pytest.mark.parametrize("tokens", [(1, 2), range(3), array("q", [1]), np.arange(3), "12", None, {1: 2}])
+def test_non_lists_are_handed_back(tokens: Any) -> None:
+    assert pack_int64(tokens) is None
+    with c_check_on(True), pytest.raises(InvalidArgument, match="must be a list of int token ids"):
+        _check_token_list(tokens, WHAT)
+
+
+def test_a_list_subclass_is_handed_back_to_the_reference() -> None:
+    class Reversed(list):  # the reference unpacks through __iter__: only it may decide
+        def __iter__(self) -> Iterator[Any]:
+            return reversed(list(super().__iter__()))
+
+    tokens = Reversed([1, 2, 3])
+    assert pack_int64(tokens) is None
+    with c_check_on(True):
+        assert _check_token_list(tokens, WHAT).tolist() == [3, 2, 1]
+
+
+def test_a_list_resized_while_the_array_is_allocated() -> None:
+    """A garbage collection during the array's allocation runs a callback that empties the list: the
+    compiled check re-reads the size and hands the list back rather than read past its end."""
+    tokens = list(range(1000, 1500))
+    fired: list[int] = []
+
+    def shrink(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and not fired:
+            fired.append(len(tokens))
+            del tokens[:]
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(shrink)
+    try:
+        gc.set_threshold(1)
+        for _ in range(50):  # until a collection lands inside the call
+            before = len(tokens)
+            result = pack_int64(tokens)
+            if fired:
+                break
+            assert result is not None and result.tolist() == tokens and len(tokens) == before
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(shrink)
+    assert fired, "no collection ran inside pack_int64"
+    assert result is None or result.tolist() == tokens
+
+
+def test_references_are_not_leaked() -> None:
+    items = [10**12 + 5, 7, True]
+    tokens = items * 100
+    before = [sys.getrefcount(item) for item in items] + [sys.getrefcount(tokens)]
+    for _ in range(200):
+        assert pack_int64(tokens) is not None
+        assert pack_int64([*tokens, 1.5]) is None
+    assert [sys.getrefcount(item) for item in items] + [sys.getrefcount(tokens)] == before
+
+
+# ----------------------------------------------------------------------------------------- admission
+def cache_state(cache: MambaRadixCache) -> tuple:
+    return (
+        sorted((n.id, n.key, n.mamba_slot, n.last_access) for n in cache.tree.nodes()),
+        cache.tree.clock,
+        repr(cache.stats),
+        cache.token_to_kv_pool_allocator.available_size(),
+        cache.mamba_pool.available_size(),
+        cache.req_to_token_pool.available_size(),
+        cache.reserved_kv_tokens,
+    )
+
+
+BAD_PROMPTS: list[Any] = [
+    [1, 2.5],
+    [1, None, 3],
+    ["7"],
+    [1, 2**63],
+    [-(2**63) - 1],
+    [np.uint64(2**63)],
+    [7, Indexable(2**63)],
+    (1, 2),
+    [],
+]
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("prompt", BAD_PROMPTS, ids=repr)
+def test_admission_refuses_a_bad_prompt_as_before(on: bool, prompt: Any) -> None:
+    def attempt() -> tuple[Any, tuple]:
+        cache = MambaRadixCache.build(
+            CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True),
+            num_tokens=64,
+            num_slots=8,
+            max_context_len=64,
+        )
+        before = cache_state(cache)
+        result = outcome(cache.admit, Req(rid="r", origin_input_ids=prompt))
+        assert cache_state(cache) == before  # a refused admission changes nothing
+        return result
+
+    with c_check_on(on):
+        got = attempt()
+    with c_check_on(False):
+        reference = attempt()
+    assert got == reference and got[0] == "raised" and got[1] is InvalidArgument
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_admission_takes_good_prompts_alike(on: bool) -> None:
+    config = CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
+    for prompt in ([5, 6, 7, True], [np.int64(5), SubInt(6), 7], [0, INT64_MAX, INT64_MIN]):
+        cache = MambaRadixCache.build(config, num_tokens=64, num_slots=8, max_context_len=64)
+        with c_check_on(on):
+            req = Req(rid="r", origin_input_ids=list(prompt))
+            assert cache.admit(req)
+            assert cache._checked_tokens()[req].tolist() == [int(t) for t in prompt]
