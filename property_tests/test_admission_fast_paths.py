@@ -9,13 +9,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from lifecycle_helpers import prefill
 
 from mamba_radix import CacheConfig, InvalidArgument, MambaRadixCache, Req, strategies
 from mamba_radix.buffers import buffer_strategy
 from mamba_radix.cache import MatchResult
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool
 from mamba_radix.pools.free_list import make_free_list
-from mamba_radix.state_stamp import fingerprint, write_stamp
 
 CPU = torch.device("cpu")
 
@@ -236,20 +236,6 @@ class Recorder:
         return result
 
 
-def _prefill(cache: MambaRadixCache, req: Req, chunk: int) -> None:
-    """Prefill ``req``'s prompt (stamping states as the model would); the request stays running."""
-    prompt = req.origin_input_ids
-    while req.kv_len < len(prompt):
-        plan = cache.extend(req, min(chunk, len(prompt) - req.kv_len))
-        assert plan is not None
-        write_stamp(cache.mamba_pool, plan.live_slot, fingerprint(prompt[: plan.end]), plan.end)
-        if plan.track_slot is not None:
-            write_stamp(
-                cache.mamba_pool, plan.track_slot, fingerprint(prompt[: plan.track_len]), plan.track_len
-            )
-        cache.commit(plan, finished=plan.end == len(prompt))
-
-
 @given(
     prompts=st.lists(
         st.tuples(st.integers(0, 2), st.lists(st.integers(1, 3), min_size=1, max_size=24)),
@@ -297,7 +283,7 @@ def test_lazy_prefix_indices_equal_the_eager_hit_and_the_row(prompts, page) -> N
                 assert recorder.results[-1].device_indices is req.prefix_indices  # one tensor, read once
                 assert req.prefix_indices.dtype == torch.int64 and len(read_early) == hit
             running.append((req, row, read_early))
-            _prefill(cache, req, chunk=4)
+            prefill(cache, req, chunk=4)
         for req, row_at_admission, _ in running:
             assert req.prefix_indices.tolist() == row_at_admission
             cache.finish(req)
