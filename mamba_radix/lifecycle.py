@@ -116,7 +116,8 @@ def _check_token_list_reference(tokens: object, what: str) -> array:
     if tokens:
         try:
             ids.frombytes(struct.pack(f"{len(tokens)}q", *tokens))
-        except struct.error as exc:
+        except (struct.error, TypeError, ValueError, OverflowError) as exc:
+            # struct's own refusals, and whatever an item's __index__ raises (a typed error either way)
             raise InvalidArgument(f"{what} must hold int token ids in int64 range: {exc}") from None
     return ids
 

@@ -268,3 +268,11 @@ def test_admission_takes_good_prompts_alike(on: bool) -> None:
             req = Req(rid="r", origin_input_ids=list(prompt))
             assert cache.admit(req)
             assert cache._checked_tokens()[req].tolist() == [int(t) for t in prompt]
+
+
+@pytest.mark.parametrize("error", [ValueError("no index"), TypeError("not today"), OverflowError("too big")])
+def test_an_item_whose_index_raises_is_a_typed_refusal(error: Exception) -> None:
+    # whatever an item's __index__ raises comes out as InvalidArgument naming the list, on either path
+    for on in (True, False):
+        with c_check_on(on), pytest.raises(InvalidArgument, match="prompt must hold int token ids"):
+            _check_token_list([1, Indexable(error), 3], "prompt")
