@@ -4,8 +4,8 @@
 # - Reuses a torch that is already importable by the chosen Python (the venv sees system site-packages).
 # - Never pulls the multi-GB CUDA build of torch onto a CPU machine: when no torch is present it installs
 #   the CPU build (from a local wheel where this machine kind keeps one, else from PyTorch's CPU index).
-# - Re-running is cheap: a stamp file records the hash of pyproject.toml, setup.py, the compiled walk's source
-#   (mamba_radix/_cwalk.c: a change rebuilds it) and this script.
+# - Re-running is cheap: a stamp file records the hash of pyproject.toml, setup.py, the C extensions' sources
+#   (mamba_radix/_cwalk.c, _ctokens.c: a change rebuilds them) and this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
