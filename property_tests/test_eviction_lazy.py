@@ -16,15 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twin_trees import GeneralPath, run_twins, tree_op_st
 
-from mamba_radix import CacheConfig, RadixKey, eviction
+from mamba_radix import CacheConfig, eviction
 from mamba_radix.config import EVICTION_ORDERS
 from mamba_radix.eviction import _KeySet
-from mamba_radix.invariants import check_tree_invariants
-from mamba_radix.policy import CachePolicy
 from mamba_radix.tree import RadixTree
 
 
@@ -94,22 +92,6 @@ def test_lazy_key_set_compacts_and_defers() -> None:
 
 
 # ---------------------------------------------------------------------------------------- whole trees
-class GeneralPath(CachePolicy):
-    """The base policy's keys through the general path (a subclass: the tree cannot assume its keys)."""
-
-    name = "general-path"
-
-
-tokens_st = st.lists(st.integers(0, 3), min_size=1, max_size=16)
-tree_op_st = st.one_of(
-    st.tuples(st.just("insert"), tokens_st),
-    st.tuples(st.just("match"), tokens_st),
-    st.tuples(st.just("lock"), st.integers(0, 50)),
-    st.tuples(st.just("unlock"), st.integers(0, 50)),
-    st.tuples(st.just("evict"), st.tuples(st.integers(0, 8), st.integers(0, 2))),
-)
-
-
 def _state(tree: RadixTree) -> tuple[object, ...]:
     index = tree.index
     first_full, first_mamba = index.first_full(), index.first_mamba()
@@ -149,42 +131,5 @@ def test_lazy_index_trees_agree_with_eager_ones(
     )
     lazy, eager = _tree(config, general, lazy=True), _tree(config, general, lazy=False)
     assert lazy.index._full._lazy and not eager.index._full._lazy
-    locked: list[tuple[object, object]] = []  # (lazy tree's node, eager tree's node), both locked
-    slot, kv = 1, 1
     with _compact_min(1):
-        for op, arg in ops:
-            if op == "insert":
-                tokens = list(arg)  # type: ignore[call-overload]
-                value = torch.arange(kv, kv + len(tokens), dtype=torch.int64)
-                kv += len(tokens)
-                a = lazy.insert(RadixKey(tokens), value, slot)
-                b = eager.insert(RadixKey(tokens), value.clone(), slot)
-                assert (a.prefix_len, a.mamba_exists, a.node.id) == (b.prefix_len, b.mamba_exists, b.node.id)
-                slot += 1
-            elif op == "match":
-                a_m = lazy.match(RadixKey(list(arg)))  # type: ignore[call-overload]
-                b_m = eager.match(RadixKey(list(arg)))  # type: ignore[call-overload]
-                assert (a_m.best.id, a_m.hit_len) == (b_m.best.id, b_m.hit_len)
-            elif op == "lock":
-                holders = [n for n in lazy.nodes() if n.mamba_slot is not None]
-                if holders:
-                    node = holders[int(arg) % len(holders)]  # type: ignore[call-overload]
-                    twin = next(n for n in eager.nodes() if n.id == node.id)
-                    lazy.inc_lock_ref(node)
-                    eager.inc_lock_ref(twin)
-                    locked.append((node, twin))
-            elif op == "unlock":
-                if locked:
-                    node, twin = locked.pop(int(arg) % len(locked))  # type: ignore[call-overload]
-                    lazy.dec_lock_ref(node)  # type: ignore[arg-type]
-                    eager.dec_lock_ref(twin)  # type: ignore[arg-type]
-            else:
-                tokens_n, states_n = arg  # type: ignore[misc]
-                a_f, b_f = lazy.evict(tokens_n, states_n), eager.evict(tokens_n, states_n)
-                assert (a_f.slots, a_f.num_tokens, a_f.num_states) == (
-                    b_f.slots,
-                    b_f.num_tokens,
-                    b_f.num_states,
-                )
-            assert _state(lazy) == _state(eager)
-            check_tree_invariants(lazy)
+        run_twins(lazy, eager, ops, _state)
