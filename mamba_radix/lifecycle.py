@@ -107,11 +107,17 @@ def _check_token_list_reference(tokens: object, what: str) -> array:
     cut from). O(len), at C speed: ``struct.pack`` refuses floats, None, strings and overflow (~6 ns a
     token, 2.5x faster than ``array('q', list)``), then one ``memcpy`` into the array. Takes bools (as 1
     and 0), int subclasses and objects with ``__index__`` (numpy integers) as the ints they stand for.
+    An ``array('q')`` holds int64 values by construction: it is copied with one ``memcpy``, unchecked (a
+    caller that has its tokens in one, such as the simulator, builds no Python list).
 
     The reference: it decides every list and raises every error; :func:`_check_token_list` only skips it
     for the lists the compiled check takes."""
+    if type(tokens) is array and tokens.typecode == "q":
+        return tokens[:]  # a copy (a slice of an array is a new array: one memcpy)
     if not isinstance(tokens, list):
-        raise InvalidArgument(f"{what} must be a list of int token ids, got {type(tokens).__name__}")
+        raise InvalidArgument(
+            f"{what} must be a list of int token ids or an array('q'), got {type(tokens).__name__}"
+        )
     ids = array("q")
     if tokens:
         try:

@@ -24,6 +24,7 @@ Region map of a running request's token positions::
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Req"]
 
 
+def _joined(head: list[int] | array, tail: list[int]) -> list[int]:
+    """``head + tail`` as a new list, for a prompt held as a list or as an ``array('q')``. O(len)."""
+    return head + tail if type(head) is list else [*head, *tail]
+
+
 def _empty_indices() -> torch.Tensor:
     return torch.empty(0, dtype=torch.int64)
 
@@ -44,7 +50,7 @@ class Req:
     """One request. ``eq=False``: requests compare and hash by identity."""
 
     rid: Any
-    origin_input_ids: list[int]
+    origin_input_ids: list[int] | array  # a list (SGLang's type) or an int64 array('q')
     output_ids: list[int] = field(default_factory=list)
     extra_key: str | None = None
 
@@ -76,27 +82,28 @@ class Req:
     @property
     def all_token_ids(self) -> list[int]:
         """Input followed by output tokens (a new list)."""
-        return self.origin_input_ids + self.output_ids
+        return _joined(self.origin_input_ids, self.output_ids)
 
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
 
     def token_slice(self, start: int, end: int) -> list[int]:
-        """Tokens ``[start, end)`` of input + output (a new list). O(end - start)."""
+        """Tokens ``[start, end)`` of input + output: a new list (an ``array('q')`` slice when they lie in a
+        prompt held as one). O(end - start)."""
         n_in = len(self.origin_input_ids)
         if end <= n_in:
             return self.origin_input_ids[start:end]
         if start >= n_in:
             return self.output_ids[start - n_in : end - n_in]
-        return self.origin_input_ids[start:] + self.output_ids[: end - n_in]
+        return _joined(self.origin_input_ids[start:], self.output_ids[: end - n_in])
 
     def token_ids(self, num_tokens: int) -> list[int]:
-        """The first ``num_tokens`` tokens of input + output."""
+        """The first ``num_tokens`` tokens of input + output (as :meth:`token_slice`)."""
         n_in = len(self.origin_input_ids)
         if num_tokens <= n_in:
             return self.origin_input_ids[:num_tokens]
-        return self.origin_input_ids + self.output_ids[: num_tokens - n_in]
+        return _joined(self.origin_input_ids, self.output_ids[: num_tokens - n_in])
 
     def _defer_prefix_indices(self, source: Any) -> None:
         """Set ``prefix_indices`` to ``source.device_indices``, read on first access instead of now (the

@@ -153,7 +153,9 @@ def test_the_int64_bounds_and_a_long_prompt() -> None:
     assert pack_int64(prompt) == _check_token_list_reference(prompt, WHAT) == array("q", prompt)
 
 
-@pytest.mark.parametrize("tokens", [(1, 2), range(3), array("q", [1]), np.arange(3), "12", None, {1: 2}])
+@pytest.mark.parametrize(
+    "tokens", [(1, 2), range(3), array("i", [1]), array("l", [1]), np.arange(3), "12", None, {1: 2}]
+)
 def test_non_lists_are_handed_back(tokens: Any) -> None:
     assert pack_int64(tokens) is None
     with c_check_on(True), pytest.raises(InvalidArgument, match="must be a list of int token ids"):
@@ -276,3 +278,15 @@ def test_an_item_whose_index_raises_is_a_typed_refusal(error: Exception) -> None
     for on in (True, False):
         with c_check_on(on), pytest.raises(InvalidArgument, match="prompt must hold int token ids"):
             _check_token_list([1, Indexable(error), 3], "prompt")
+
+
+def test_an_int64_array_prompt_is_taken_as_a_copy() -> None:
+    # array('q') holds int64 values by construction: the reference copies it (the compiled check, which
+    # takes only lists, hands it over), so a later change to the caller's array changes nothing here
+    tokens = array("q", [5, -(2**63), 2**63 - 1])
+    for on in (True, False):
+        with c_check_on(on):
+            got = _check_token_list(tokens, WHAT)
+        assert got == tokens and got is not tokens
+    tokens[0] = 7
+    assert got[0] == 5

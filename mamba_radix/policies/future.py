@@ -149,7 +149,9 @@ class RequestFingerprints:
     def of(self, req: Req, seq_len: int) -> PrefixFingerprints:
         """The fingerprints of ``req``'s tokens, covering at least its first ``seq_len``."""
         if self._fps is None or self._rid != req.rid or self._len < seq_len:
-            tokens = np.asarray(req.origin_input_ids + req.output_ids, dtype=np.int64)
+            tokens = np.concatenate(  # the prompt may be a list or an array('q')
+                (np.asarray(req.origin_input_ids, dtype=np.int64), np.asarray(req.output_ids, dtype=np.int64))
+            )
             self._rid, self._len, self._fps = req.rid, len(tokens), PrefixFingerprints(tokens)
         return self._fps
 

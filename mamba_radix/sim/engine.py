@@ -48,6 +48,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -184,7 +185,7 @@ class _SimReq:
     trace: TraceRequest
     req: Req
     arrival_s: float
-    input_ids: list[int]
+    input_ids: array  # int64, the prompt as the Req holds it
     output_ids: list[int]
     final_kv_len: int  # KV committed at finish: input + output - 1 (the last token's KV is never computed)
     # fingerprint of every prefix of input + output: the stamps' contents (None without verify_states:
@@ -201,7 +202,7 @@ class _Expanded:
     """The waiting head's tokens, expanded once however often its admission is retried."""
 
     index: int
-    input_ids: list[int]
+    input_ids: array  # int64: the Req takes it as is (no Python list of the prompt is ever built)
     input_array: np.ndarray
 
 
@@ -367,7 +368,8 @@ class Engine:
         """The head's tokens and match key, built once per request (admission may be retried)."""
         if self._head is None or self._head.index != trace.index:
             arr = trace.input_array()
-            ids = arr.tolist()
+            ids = array("q")
+            ids.frombytes(arr.tobytes())  # memcpys (a list of the prompt's ints cost ~100 us a request)
             self._head = _Expanded(trace.index, ids, arr)
         return self._head
 
