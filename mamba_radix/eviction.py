@@ -192,6 +192,14 @@ LAZY_REMOVAL = True
 COMPACT_MIN_DEAD = 4096
 
 
+def _rekeyed(candidates: _KeySet, old: tuple, new: tuple) -> tuple:
+    """``new``, after moving a candidate from key ``old`` to ``new`` in ``candidates`` (nothing if equal)."""
+    if new != old:
+        candidates.remove(old)
+        candidates.add(new)
+    return new
+
+
 class _KeySet:
     """One candidate set: unique keys in sorted order, with removal deferred (``lazy``) or immediate.
 
@@ -339,12 +347,7 @@ class EvictionIndex:
         is re-derived. The tree calls it on a touch. O(log n); no-op if the key did not change."""
         old = node.full_evict_key
         if old is not None:  # a full candidate stays one: a stamp changes no membership
-            new = self._full_key(node)
-            if new != old:
-                candidates = self._full
-                candidates.remove(old)
-                candidates.add(new)
-                node.full_evict_key = new
+            node.full_evict_key = _rekeyed(self._full, old, self._full_key(node))
 
     def update_mamba_stamp(self, node: TreeNode) -> None:
         """:meth:`update` after a change of ``node.mamba_last_access`` alone, for the order's own keys (the
@@ -352,12 +355,7 @@ class EvictionIndex:
         O(log n); no-op if the key did not change."""
         old = node.mamba_evict_key
         if old is not None:
-            new = self._mamba_key(node)
-            if new != old:
-                candidates = self._mamba
-                candidates.remove(old)
-                candidates.add(new)
-                node.mamba_evict_key = new
+            node.mamba_evict_key = _rekeyed(self._mamba, old, self._mamba_key(node))
 
     def remove(self, node: TreeNode) -> None:
         """Drop ``node`` from both sets (it is leaving the tree). O(log n)."""

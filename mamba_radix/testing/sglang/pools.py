@@ -38,7 +38,11 @@ def advance_track(req_pool: Any, kv: Any) -> int:
     """SGLang's scheduler after it marks a forward to track a state (a prefill chunk in
     ``_mamba_radix_cache_v2_req_prepare_for_extend``, a decode boundary): the entry the model writes,
     ``kv.mamba_next_track_idx``, becomes ``mamba_last_track_idx`` and the other entry the next one.
-    Returns the entry written. The one place our SGLang emulation advances SGLang's ping-pong fields."""
+    Returns the entry written. The one place our SGLang emulation advances SGLang's ping-pong fields.
+
+    Deliberately not :mod:`mamba_radix.buffers` (our lifecycle's own ping-pong step): this side drives
+    SGLang's real cache as SGLang's scheduler would, so that the differential replay compares our code with
+    an independent model of SGLang's, not with itself."""
     written = kv.mamba_next_track_idx
     kv.mamba_last_track_idx = written
     kv.mamba_next_track_idx = req_pool.get_mamba_ping_pong_other_idx(written)
