@@ -25,7 +25,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from mamba_radix.buffers import buffer_strategy
@@ -41,6 +40,7 @@ from mamba_radix.pools import (
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
 )
+from mamba_radix.pools.held import HeldIndices
 from mamba_radix.request import Req
 from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, TreeMatch, Walk
 
@@ -219,6 +219,9 @@ class MambaRadixCache(RequestLifecycle):
         if policy is not None and not isinstance(policy, CachePolicy):
             raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
         self.tree = RadixTree(config, self.device, policy)
+        # which KV indices the tree holds (set on an insert's new leaf, cleared on release)
+        max_index = getattr(token_to_kv_pool_allocator, "max_index", token_to_kv_pool_allocator.size)
+        self._tree_kv = HeldIndices(max_index, self.device)
         self.policy = self.tree.policy
         self.policy.cache = self
         self.buffer = buffer_strategy(config)
@@ -450,7 +453,7 @@ class MambaRadixCache(RequestLifecycle):
         self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
     ) -> tuple[InsertResult, TreeInsert]:
         self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
-        self._check_not_tree_kv(key, kv_indices, prev_prefix_len)
+        self._check_not_tree_kv(kv_indices, prev_prefix_len)
         return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
 
     def _insert_below(
@@ -464,6 +467,8 @@ class MambaRadixCache(RequestLifecycle):
         """Free what an insert returned (duplicate KV, capped checkpoints) and count it."""
         if done.duplicate_kv.numel():  # the caller's KV, validated as allocated and distinct already
             self.token_to_kv_pool_allocator.free(done.duplicate_kv, check=False)
+        if done.new_kv is not None:
+            self._tree_kv.hold(done.new_kv)
         if done.capped_slots:
             self.mamba_pool.free(done.capped_slots, check=False)  # checkpoints the tree just dropped
             self.stats.checkpoints_capped += len(done.capped_slots)
@@ -473,26 +478,24 @@ class MambaRadixCache(RequestLifecycle):
             self.stats.checkpoints_inserted += 1
         return InsertResult(done.prefix_len, done.mamba_exists), done
 
-    def _check_not_tree_kv(self, key: RadixKey, kv_indices: torch.Tensor, prev_prefix_len: int) -> None:
-        """The insert frees the caller's KV where the tree already holds the key, past ``prev_prefix_len``:
-        there it must not be the tree's own indices (they would be freed under the tree). Read-only walk,
-        O(L)."""
-        if not isinstance(kv_indices, torch.Tensor) or not isinstance(prev_prefix_len, int):
+    def _check_not_tree_kv(self, kv_indices: torch.Tensor, prev_prefix_len: int) -> None:
+        """The caller hands over KV ``[prev_prefix_len, L)``: duplicates of the tree's KV (freed) and the
+        new leaf's (kept). None of it may be the tree's own already: freed, it would be freed under the
+        tree; kept, one index would have two owners. One gather of the held flags (after
+        :meth:`_check_owned_by_caller`: every index is allocated, so in range). O(L - prev_prefix_len)."""
+        if (
+            not isinstance(kv_indices, torch.Tensor)
+            or kv_indices.dim() != 1
+            or not isinstance(prev_prefix_len, int)
+        ):
             return  # the tree's own argument checks report these
-        path, pos, partial = self.tree._walk(key.token_ids, key.extra_key)
-        matched = min(pos + partial, kv_indices.numel())
-        if matched <= prev_prefix_len:
-            return
-        tree_kv = torch.cat([node.value for node in path])[prev_prefix_len:matched]
-        theirs = kv_indices[prev_prefix_len:matched]
-        if tree_kv.device.type == "cpu" and theirs.device.type == "cpu":  # numpy: a fraction of torch's cost
-            clash = bool(np.any(tree_kv.numpy() == theirs.numpy()))
-        else:
-            clash = bool((tree_kv == theirs).any())
-        if clash:
+        handed_over = kv_indices[max(prev_prefix_len, 0) :]
+        if handed_over.numel() and self._tree_kv.any_held(handed_over):
+            at = max(prev_prefix_len, 0) + (self._tree_kv.first_held(handed_over) or 0)
             raise InvalidArgument(
-                f"the KV indices at [{prev_prefix_len}, {matched}) are already the tree's; pass "
-                "prev_prefix_len = the length of the prefix the tree holds, or fresh indices"
+                f"KV index {int(kv_indices[at])} at position {at} is already the tree's (positions from "
+                f"prev_prefix_len={prev_prefix_len} are handed over); pass prev_prefix_len = the length of the "
+                "prefix the tree holds, or fresh indices"
             )
 
     def _check_owned_by_caller(self, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int) -> None:
@@ -551,6 +554,7 @@ class MambaRadixCache(RequestLifecycle):
         the tree just detached, each held by that node alone (the invariants' conservation rule)."""
         if freed.kv:
             kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
+            self._tree_kv.release(kv)
             self.token_to_kv_pool_allocator.free(kv, check=False)
         if freed.slots:
             self.mamba_pool.free(freed.slots, check=False)

@@ -4,7 +4,8 @@
    are never the end of a hit (6) and leave through KV eviction;
 2. a split never copies a checkpoint: every slot is held by exactly one node (``slot_owner`` agrees);
 3. conservation: every allocated KV index and state slot is owned by exactly one of a tree node, a
-   running request (when the caller passes the complete set of running requests) or the free list;
+   running request (when the caller passes the complete set of running requests) or the free list; the
+   cache's held-KV flags (:mod:`mamba_radix.pools.held`) mark exactly the tree's KV;
 4. the evictable/protected counters equal the sums over unlocked/locked nodes;
 5. the eviction candidate sets hold exactly the evictable candidates, under the right keys;
 6. a match never ends inside an edge or at a tombstone: every running request's ``last_node`` is the
@@ -205,6 +206,21 @@ def _check_owners(
         _fail(tree, f"invariant 3: {what} {int(leaked[0])} is allocated but owned by nobody (a leak)")
 
 
+def _check_held_flags(cache: MambaRadixCache, tree_kv: list[torch.Tensor]) -> None:
+    """The cache's record of which KV indices the tree holds (what a public insert checks against)
+    equals the union of the tree's node values."""
+    held = cache._tree_kv.held_indices().cpu()
+    values = torch.unique(torch.cat(tree_kv).cpu()) if tree_kv else held[:0]
+    if not torch.equal(held, values):
+        extra = held[~torch.isin(held, values)]
+        what = (
+            f"{int(extra[0])} is marked but no node holds it"
+            if extra.numel()
+            else (f"{int(values[~torch.isin(values, held)][0])} is held by a node but not marked")
+        )
+        _fail(cache.tree, f"invariant 3: the held-KV flags disagree with the tree: index {what}")
+
+
 def check_invariants(cache: MambaRadixCache, running_reqs: Iterable[Req] | None = None) -> None:
     """Every invariant of DESIGN.md §5 (see the module docstring). ``running_reqs``, when given, must be
     every request that holds a lock, KV or slots: conservation is then exact. O(n + tokens)."""
@@ -228,6 +244,7 @@ def check_invariants(cache: MambaRadixCache, running_reqs: Iterable[Req] | None 
             _fail(tree, "invariant 3: tree KV does not fill whole pages exactly once")
         pages = [tree_pages] + [torch.unique(kv // page) for kv in req_kv]
         _check_owners(cache, "KV page", pages, torch.unique(allocated_kv // page), complete)
+    _check_held_flags(cache, tree_kv)
     slot_lists = [torch.tensor(list(tree.slot_owner), dtype=torch.int64)]
     slot_lists.append(torch.tensor(req_slots, dtype=torch.int64))
     allocated_slots = cache.mamba_pool.allocated_slots().cpu()

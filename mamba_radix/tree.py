@@ -238,6 +238,7 @@ class TreeInsert(NamedTuple):
     node: TreeNode  # the node ending at len(key); the root for an empty key
     duplicate_kv: torch.Tensor  # caller's indices at positions >= prev_prefix_len the tree already had
     capped_slots: list[int]  # checkpoints dropped by the per-path cap
+    new_kv: torch.Tensor | None = None  # the new leaf's KV indices (now the tree's); None: no new leaf
 
 
 @dataclass
@@ -629,13 +630,15 @@ class RadixTree:
             leaf_key = key_slice(tokens, pos, num_tokens)
             leaf_kv = value.clone() if pos == 0 else value[pos:].clone()  # a torch slice costs ~2 us
             end = self._add_leaf(end, leaf_key, leaf_kv, mamba_slot, extra_key, now)
-        elif end.mamba_slot is None:
+            return TreeInsert(
+                start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end), leaf_kv
+            )
+        if end.mamba_slot is None:
             self._set_checkpoint(end, mamba_slot, now)
         else:
             self._touch_mamba(end, now)
             return TreeInsert(start.depth + pos, True, end, duplicate_kv, [])
-        capped = self._enforce_path_cap(end)
-        return TreeInsert(start.depth + pos, False, end, duplicate_kv, capped)
+        return TreeInsert(start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end))
 
     def _check_insert_args(
         self, num_tokens: int, value: torch.Tensor, mamba_slot: int, prev_prefix_len: int

@@ -56,6 +56,43 @@ def test_insert_refuses_repeated_indices_and_the_trees_own_kv() -> None:
     refused(cache, InvalidArgument, "already the tree's", cache.insert, [1, 2, 3, 4, 5, 6, 7, 8], own, slot)
 
 
+@pytest.mark.parametrize("config", [NO_BUFFER, PAGED], ids=["page1", "page4"])
+def test_insert_refuses_the_trees_kv_past_the_matched_prefix(config: CacheConfig) -> None:
+    """A tree index handed over where the key is new (no position-wise duplicate to compare with) would
+    become a second node's: it must be refused too (it used to be accepted, breaking conservation)."""
+    cache = fresh(config)
+    tree_kv = cache.match_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]).device_indices
+    fresh_kv = cache.token_to_kv_pool_allocator.alloc(4)
+    slot = int(cache.mamba_pool.alloc(1)[0])
+    mixed = torch.cat([fresh_kv, tree_kv[:4]])  # a new key: nothing of it is matched
+    refused(
+        cache,
+        InvalidArgument,
+        "already the tree's",
+        cache.insert,
+        [30, 31, 32, 33, 34, 35, 36, 37],
+        mixed,
+        slot,
+    )
+    # past a real match as well: the shared prefix [1..4] is handed back with prev_prefix_len=4, the
+    # rest is new, and one of the new positions reuses the tree's index at position 6
+    tail = torch.cat([tree_kv[:4], fresh_kv[:2], tree_kv[6:8]])
+    refused(cache, InvalidArgument, "position 6", cache.insert, [1, 2, 3, 4, 50, 51, 52, 53], tail, slot, 4)
+    cache.check_invariants()
+
+
+def test_held_flags_follow_the_tree_through_inserts_and_evictions() -> None:
+    cache = fresh()
+    put(cache, [1, 2, 3, 4, 9, 9, 9, 9])  # splits [1..8]: the split keeps the KV held
+    put(cache, [20, 21, 22, 23])
+    cache.check_invariants()  # checks the flags equal the tree's KV
+    assert cache.evict(num_tokens=64).num_tokens == 16
+    assert cache._tree_kv.held_indices().numel() == 0
+    reused = cache.token_to_kv_pool_allocator.alloc(4)  # indices the tree held before: fresh again
+    cache.insert([60, 61, 62, 63], reused, int(cache.mamba_pool.alloc(1)[0]))
+    cache.check_invariants()
+
+
 def test_insert_refuses_a_running_requests_slot() -> None:
     cache = fresh()
     req = Req(rid=1, origin_input_ids=[40, 41, 42])
