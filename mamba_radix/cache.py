@@ -153,6 +153,19 @@ class EvictResult(NamedTuple):
 
 
 @dataclass
+class VictimAges:
+    """How long the victims of each pool's eviction had gone unused (tree clock ticks since their last
+    access), summed since construction. Under LRU the victim's age is the pool's characteristic time
+    (Che's approximation: an entry is hit iff it is reused within it); an adaptive KV/state split
+    (:mod:`mamba_radix.sim.split`) compares the two pools' means."""
+
+    kv_age: int = 0  # over leaves with a checkpoint picked by KV eviction (KV-only leaves cost no hit)
+    kv_victims: int = 0
+    state_age: int = 0  # over checkpoints picked by state eviction
+    state_victims: int = 0
+
+
+@dataclass
 class CacheStats:
     """Counters since construction (or :meth:`reset`). Plain ints, for the simulator's metrics."""
 
@@ -227,6 +240,7 @@ class MambaRadixCache(RequestLifecycle):
         self.buffer = buffer_strategy(config)
         self._grid = config.mamba_checkpoint_grid  # a property computing an lcm: read once
         self.stats = CacheStats()
+        self.victim_ages = VictimAges()
         self.reserved_kv_tokens = 0
 
     @classmethod
@@ -560,6 +574,11 @@ class MambaRadixCache(RequestLifecycle):
             self.mamba_pool.free(freed.slots, check=False)
         self.stats.tokens_evicted += freed.num_tokens
         self.stats.states_evicted += freed.num_states
+        ages = self.victim_ages
+        ages.kv_age += freed.kv_victim_age
+        ages.kv_victims += freed.kv_victims
+        ages.state_age += freed.state_victim_age
+        ages.state_victims += freed.state_victims
 
     def make_room(self, num_tokens: int = 0, num_states: int = 0) -> bool:
         """Evict just enough that ``num_tokens`` KV tokens and ``num_states`` slots are free.

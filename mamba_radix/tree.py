@@ -249,6 +249,11 @@ class Freed:
     slots: list[int] = field(default_factory=list)
     num_tokens: int = 0
     num_states: int = 0
+    # how long each phase's victims had gone unused (clock ticks since their last access), summed
+    kv_victim_age: int = 0  # over the leaves with a checkpoint KV eviction picked
+    kv_victims: int = 0
+    state_victim_age: int = 0  # over the checkpoints state eviction picked
+    state_victims: int = 0
 
 
 def _empty_kv(device: torch.device) -> torch.Tensor:
@@ -849,15 +854,21 @@ class RadixTree:
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 raise InvalidArgument(f"{name} must be an int >= 0, got {count!r}")
         freed = Freed()
+        now = self.clock
         while freed.num_tokens < num_tokens:
             leaf = self.policy.pick_full_victim(self.index)
             if leaf is None:
                 break
+            if leaf.mamba_slot is not None:  # a KV-only leaf is never the end of a hit: its loss is free
+                freed.kv_victim_age += now - leaf.last_access
+                freed.kv_victims += 1
             self._remove_leaf(leaf, freed)
         while freed.num_states < num_states:
             node = self.policy.pick_mamba_victim(self.index)
             if node is None:
                 break
+            freed.state_victim_age += now - node.mamba_last_access
+            freed.state_victims += 1
             if node.children:
                 self._drop_checkpoint(node, freed)
             else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
@@ -22,6 +22,9 @@ from mamba_radix.peers import apply_peer
 from mamba_radix.policies.future import FutureIndex, demand_hits
 from mamba_radix.policies.marconi import Marconi, marconi_config, tune_alpha
 from mamba_radix.policies.oracle import Oracle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.sim.split import SplitOptions
 from mamba_radix.policies.ours import Sift
 from mamba_radix.policies.thinning import CoverageThinning
 from mamba_radix.policies.vllm_sparse import SparseRetention
@@ -205,11 +208,14 @@ def run_policy(
     mode: str = "sequential",
     on_finish: Callable[[int], None] | None = None,
     verify_states: bool = False,
+    split: SplitOptions | None = None,
 ) -> dict[str, Any]:
     """Replay ``ctx.requests`` under policy ``name`` on ``ctx.pools`` and return its summary: the token hit
     rate, the ideal, the cache's counters and what the policy chose. Raises :class:`ConfigError` for an
-    unknown name. Side effects: none outside the process. Cost: one simulator run (plus the policy's
-    pre-passes: the oracle's demand run, Marconi's warm-up grid)."""
+    unknown name. ``split``: one byte budget for both pools, the line between them adaptive
+    (:mod:`mamba_radix.sim.split`; ``ctx.pools`` is where it starts). Side effects: none outside the
+    process. Cost: one simulator run (plus the policy's pre-passes: the oracle's demand run, Marconi's
+    warm-up grid)."""
     from mamba_radix.sim.engine import Engine, EngineOptions
 
     spec = POLICIES.get(name) or REFERENCES.get(name)
@@ -219,16 +225,19 @@ def run_policy(
     policy = spec.make(config, ctx)
     requests = ctx.requests
     max_len = max(r.input_len + r.output_len for r in requests)
-    options = EngineOptions(mode=mode, verify_states=verify_states)  # type: ignore[arg-type]
+    options = EngineOptions(mode=mode, verify_states=verify_states, split=split)  # type: ignore[arg-type]
     engine = Engine(config, ctx.pools, max_len, options, policy=policy)
     if isinstance(policy, Oracle):
         policy.cache = engine.cache
     metrics = engine.run(requests, total=len(requests), on_finish=on_finish)
     summary = metrics.summary()
-    return {
+    result = {
         "policy": name,
         "token_hit_rate": summary["token_hit_rate"],
         "ideal_hit_rate": summary["ideal_hit_rate"],
         "stats": engine.cache_stats(),
         "notes": dict(ctx.notes),
     }
+    if engine.split is not None:  # the line's path: one SplitStep per decision
+        result["split"] = list(engine.split.history)
+    return result

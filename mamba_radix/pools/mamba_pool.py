@@ -28,6 +28,7 @@ from mamba_radix.pools._indices import (
     check_size,
     resolve_device,
 )
+from mamba_radix.pools.capacity_limit import CapacityLimit
 from mamba_radix.pools.free_list import make_free_list
 
 __all__ = ["MambaPool"]
@@ -48,7 +49,7 @@ def _check_dtype(dtype: object, what: str) -> torch.dtype:
     return dtype
 
 
-class MambaPool:
+class MambaPool(CapacityLimit):
     """``size`` state slots (``1..size``) of ``num_layers`` linear layers on ``device``.
 
     ``conv[j]`` is ``[num_layers, size + 1, *conv_shapes[j]]`` in ``conv_dtypes[j]``; ``temporal`` is
@@ -163,8 +164,8 @@ class MambaPool:
         return [*self.conv, self.temporal]
 
     def available_size(self) -> int:
-        """Free slots. O(1)."""
-        return self._free_list.available
+        """Free slots (less any :attr:`withheld` by :meth:`set_capacity`). O(1)."""
+        return self._free_list.available - self.withheld
 
     @property
     def used(self) -> int:
@@ -190,6 +191,8 @@ class MambaPool:
         slot where ``alloc(1).tolist()`` costs ~2.5 us. One method for both forms, so that every slot
         allocation passes through this one call (the fault-injection tests wrap it)."""
         check_count(num_slots, "num_slots")
+        if self.withheld and num_slots > self.available_size():
+            return None
         if as_list:
             return self._free_list.alloc_ints(num_slots)
         return self._free_list.alloc(num_slots)
@@ -251,7 +254,7 @@ class MambaPool:
         src = self.check_allocated(src_slot)
         if src.numel() != 1:
             raise InvalidArgument(f"fork takes one source slot, got {src.numel()}")
-        dst = self._free_list.alloc(num_slots)
+        dst = None if num_slots > self.available_size() else self._free_list.alloc(num_slots)
         if dst is None or num_slots == 0:
             return dst
         try:

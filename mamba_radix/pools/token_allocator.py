@@ -12,17 +12,18 @@ from __future__ import annotations
 import torch
 
 from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_count, check_size, resolve_device
+from mamba_radix.pools.capacity_limit import CapacityLimit
 from mamba_radix.pools.free_list import FreeListBatching, make_free_list
 
 __all__ = ["TokenToKVPoolAllocator"]
 
 
-class TokenToKVPoolAllocator(FreeListBatching):
+class TokenToKVPoolAllocator(CapacityLimit, FreeListBatching):
     """KV indices ``1..size`` of a token pool on ``device``.
 
     ``available_size()`` counts free indices (merged or not); ``used`` counts allocated ones; they always
-    sum to ``size``. Every method is O(k) in the indices it takes or returns, except ``clear`` and
-    ``allocated_indices`` (O(size), not for hot paths).
+    sum to ``capacity`` (``size`` unless :meth:`set_capacity` lowered it). Every method is O(k) in the
+    indices it takes or returns, except ``clear`` and ``allocated_indices`` (O(size), not for hot paths).
 
     ``backend`` picks the free list implementation (see :mod:`.free_list`): ``"auto"`` (numpy views on
     CPU, torch elsewhere); ``"torch"`` forces the device one, which tests use to cover it on CPU.
@@ -40,8 +41,8 @@ class TokenToKVPoolAllocator(FreeListBatching):
 
     # ----------------------------------------------------------------------------------------- sizes
     def available_size(self) -> int:
-        """Free KV indices. O(1), no device sync."""
-        return self._free_list.available
+        """Free KV indices (less any :attr:`withheld` by :meth:`set_capacity`). O(1), no device sync."""
+        return self._free_list.available - self.withheld
 
     @property
     def used(self) -> int:
@@ -55,6 +56,8 @@ class TokenToKVPoolAllocator(FreeListBatching):
         Side effects: marks them allocated; may merge released indices first. O(num_tokens) amortised.
         """
         check_count(num_tokens, "num_tokens")
+        if self.withheld and num_tokens > self.available_size():
+            return None
         return self._free_list.alloc(num_tokens)
 
     def free(self, indices: IndexLike, check: bool = True) -> None:

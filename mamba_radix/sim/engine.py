@@ -51,7 +51,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -71,6 +71,7 @@ from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.ideal import IdealHit, ideal_for
 from mamba_radix.sim.metrics import PoolSample, RunMetrics
+from mamba_radix.sim.split import AdaptiveSplit, SplitOptions
 from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
 from mamba_radix.sim.traces import TraceRequest
 from mamba_radix.state_stamp import read_stamp
@@ -140,6 +141,8 @@ class EngineOptions:
     # Debug: touch every decoding request at every step (token by token, slow) instead of jumping from
     # event to event; for checking the decode-jump approximation.
     decode_step_events: bool = False
+    # one byte budget for both pools (the pools' sizes in bytes), the line between them adaptive
+    split: SplitOptions | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("timed", "sequential"):
@@ -240,8 +243,23 @@ class Engine:
                 f"{pools.state_slots} state slots admit no request ({config.slots_per_request} per request); "
                 "give pools with more state slots (raise max_mamba_cache_size or mamba_full_memory_ratio)"
             )
+        self.split: AdaptiveSplit | None = None
+        num_tokens, num_slots = pools.kv_tokens, pools.state_slots
+        if self.options.split is not None:
+            if config.page_size != 1:
+                raise ConfigError("the adaptive split (EngineOptions.split) needs page_size 1")
+            floor = max(self.options.split.min_kv_tokens, max_context_len + 1)
+            self.split = AdaptiveSplit(
+                replace(self.options.split, min_kv_tokens=floor),
+                pools.kv_tokens * pools.bytes_per_kv_token + pools.state_slots * pools.bytes_per_state_slot,
+                pools.bytes_per_kv_token,
+                pools.bytes_per_state_slot,
+                pools.kv_tokens,
+                pools.state_slots,
+            )
+            num_tokens, num_slots = self.split.physical_kv_tokens, self.split.physical_state_slots
         self.mamba_pool = _CountingMambaPool(
-            pools.state_slots,
+            num_slots,
             SIM_STATE_LAYERS,
             SIM_CONV_SHAPES,
             SIM_TEMPORAL_SHAPE,
@@ -251,11 +269,13 @@ class Engine:
         self.req_pool = HybridReqToTokenPool(self.max_running, max_context_len + 1, self.mamba_pool, config)
         self.kv_pool: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
         if config.page_size == 1:
-            self.kv_pool = TokenToKVPoolAllocator(pools.kv_tokens)
+            self.kv_pool = TokenToKVPoolAllocator(num_tokens)
         else:  # whole pages only: the capacity rounds down to a page multiple
             page = config.page_size
             self.kv_pool = PagedTokenToKVPoolAllocator(max(pools.kv_tokens // page, 1) * page, page)
         self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool, policy=policy)
+        if self.split is not None:
+            self.split.attach(self.cache)
         self.stamps = StampIO(self.mamba_pool)
         # state slots a fresh request takes at admission: its live slot plus its track buffer
         self.max_context_len = max_context_len
@@ -581,6 +601,8 @@ class Engine:
         self.cache.finish(req)
         self.finished += 1
         self._resource_epoch += 1
+        if self.split is not None:
+            self.split.after_finish(self.cache)
         every = self.options.check_invariants_every
         if every and self.finished % every == 0:
             running = [s.req for s in self.prefilling] + [s.req for s in self.decoding]
@@ -604,11 +626,11 @@ class Engine:
                 waiting=len(self.waiting),
                 kv_used_tokens=int(self.kv_pool.used) + self.cache.reserved_kv_tokens,
                 kv_tree_tokens=int(kv_tree),
-                kv_capacity_tokens=self.pools.kv_tokens,
+                kv_capacity_tokens=self.pools.kv_tokens if self.split is None else self.split.kv_tokens,
                 slots_used=int(self.mamba_pool.used),
                 slots_tree=int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()),
                 slots_reserved=int(self.req_pool.num_reserved_slots()),
-                slot_capacity=self.pools.state_slots,
+                slot_capacity=self.pools.state_slots if self.split is None else self.split.state_slots,
             )
         )
 
