@@ -36,6 +36,7 @@ from mamba_radix.policies.future import demand_hits
 from mamba_radix.policies.registry import PolicyContext, run_policy
 from mamba_radix.sim.budget import PoolSizes, exact_pools
 from mamba_radix.sim.progress import Progress
+from mamba_radix.sim.split import SplitOptions
 
 MODEL = "kimi-k3"
 POLICIES = ("sglang-0.5.23", "sift", "oracle-death", "oracle")
@@ -57,13 +58,18 @@ class Runner:
         self.demands = {base_config(): demand_hits(base_config(), requests, MODEL)}
         self.runs = 0
 
-    def hit_rate(self, policy: str, pools: PoolSizes) -> float:
+    def run(self, policy: str, pools: PoolSizes, split: SplitOptions | None = None) -> dict[str, Any]:
+        """:func:`run_policy`'s summary of ``policy`` on ``pools`` (``split``: the adaptive split)."""
         run_id = f"{policy}/{self.runs}"
         self.runs += 1
         ctx = PolicyContext(self.requests, pools, MODEL, demands=self.demands)
-        result = run_policy(policy, base_config(), ctx, on_finish=lambda n: self.progress.update(run_id, n))
+        on_finish = lambda n: self.progress.update(run_id, n)  # noqa: E731
+        result = run_policy(policy, base_config(), ctx, on_finish=on_finish, split=split)
         self.progress.run_done(run_id, len(self.requests))
-        return float(result["token_hit_rate"])
+        return result
+
+    def hit_rate(self, policy: str, pools: PoolSizes) -> float:
+        return float(self.run(policy, pools)["token_hit_rate"])
 
 
 def target_table(runner: Runner) -> list[str]:

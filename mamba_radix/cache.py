@@ -458,7 +458,8 @@ class MambaRadixCache(RequestLifecycle):
         adding a checkpoint, the per-path cap may free older checkpoints of the path.
 
         Side effects: may split a node; ticks the clock. Raises :class:`InvalidArgument` /
-        :class:`InvalidIndex` (nothing changed) for unallocated indices or slot, or a bad length.
+        :class:`InvalidIndex` (nothing changed) for unallocated indices or slot, a bad length, or an index
+        at a position ``>= prev_prefix_len`` that the tree already holds (anywhere in the tree).
         O(L + path * log n).
         """
         return self._insert(self._as_key(key, None), kv_indices, mamba_slot, prev_prefix_len)[0]

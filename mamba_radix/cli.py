@@ -142,6 +142,12 @@ def _add_run_arguments(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--infinite", action="store_true", help="pools nothing fills (the strategy's ideal)")
     g.add_argument("--no-verify-states", action="store_true", help="skip the state-stamp checks (faster)")
     g.add_argument(
+        "--adaptive-split",
+        action="store_true",
+        help="one byte budget for KV and states, the line between them moved as the run goes "
+        "(starts at the sized split; page size 1)",
+    )
+    g.add_argument(
         "--check-invariants-every",
         type=int_in(0, 1 << 31),
         default=0,
@@ -372,6 +378,10 @@ def _make_spec(
     options = dict(params["options"])
     options["verify_states"] = not args.no_verify_states
     options["check_invariants_every"] = args.check_invariants_every
+    if getattr(args, "adaptive_split", False):
+        if args.infinite:
+            raise CliError("--adaptive-split moves bytes between finite pools; drop --infinite")
+        options["split"] = {}
     if getattr(args, "per_request", None):
         options["keep_per_request"] = True
     budget = {_BUDGET_KEYS[k]: v for k, v in params["budget"].items()}
@@ -492,6 +502,14 @@ def _format_summary(rec: dict[str, Any]) -> str:
         f"requests            {m['requests']}  (input {m['input_tokens']:,} tokens, output {m['output_tokens']:,})",
         f"pools               {pools['kv_tokens']:,} KV tokens, {pools['state_slots']:,} state slots, "
         f"max running {pools['max_running_requests_effective']}",
+        *(
+            [
+                f"adaptive split      ended at {pools['split_end']['kv_tokens']:,} KV tokens, "
+                f"{pools['split_end']['state_slots']:,} state slots (same bytes)"
+            ]
+            if "split_end" in pools
+            else []
+        ),
         f"token hit rate      {pct(m['token_hit_rate'])}   (ideal {pct(m['ideal_hit_rate'])}, "
         f"{pct(m['fraction_of_ideal'])} of it)",
         f"KV-only matched     {m['kv_only_matched_tokens']:,} tokens",

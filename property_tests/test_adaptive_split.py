@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from small_workloads import SMALL_SYNTHETIC
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError, InvalidArgument
@@ -95,28 +96,28 @@ def run(reqs: list[TraceRequest], pool: PoolSizes, split: SplitOptions | None) -
     return engine, engine.run(reqs).summary()["token_hit_rate"]
 
 
-def test_bytes_move_to_the_state_pool_where_slots_bind() -> None:
-    # 12 prompts of 40 tokens reused every 12 requests: KV for all of them (ample), 8 state slots
-    # (3 per running request: too few to keep 12 checkpoints)
+@pytest.mark.parametrize(
+    ("kv_tokens", "slots", "grows"),
+    [
+        # 12 prompts of 40 tokens reused every 12 requests: KV for all of them, 8 state slots (3 per
+        # running request: too few to keep 12 checkpoints), so bytes go to the state pool
+        (4_000, 8, "states"),
+        # 300 KV tokens hold about 6 of the prompts, 60 slots are ample: bytes go to the KV pool
+        (300, 60, "kv"),
+    ],
+)
+def test_bytes_move_to_the_pool_that_binds(kv_tokens: int, slots: int, grows: str) -> None:
     reqs = trace(12, 6, 40)
-    _, static = run(reqs, pools(4_000, 8), None)
-    engine, adaptive = run(reqs, pools(4_000, 8), SplitOptions(every=4, min_slots=4))
-    assert engine.split is not None and engine.split.state_slots > 8
-    assert engine.split.kv_tokens < 4_000
+    _, static = run(reqs, pools(kv_tokens, slots), None)
+    engine, adaptive = run(reqs, pools(kv_tokens, slots), SplitOptions(every=4, min_slots=4))
+    assert engine.split is not None
+    if grows == "states":
+        assert engine.split.state_slots > slots and engine.split.kv_tokens < kv_tokens
+    else:
+        assert engine.split.kv_tokens > kv_tokens and engine.split.state_slots < slots
     assert adaptive > static
 
 
-def test_bytes_move_to_the_kv_pool_where_kv_binds() -> None:
-    # 12 prompts of 40 tokens: 300 KV tokens hold about 6 of them, 60 slots are ample
-    reqs = trace(12, 6, 40)
-    _, static = run(reqs, pools(300, 60), None)
-    engine, adaptive = run(reqs, pools(300, 60), SplitOptions(every=4, min_slots=4))
-    assert engine.split is not None and engine.split.kv_tokens > 300
-    assert engine.split.state_slots < 60
-    assert adaptive > static
-
-
-# ------------------------------------------------------------------------- invariants at each step
 class CheckedSplit(AdaptiveSplit):
     """Checks the budget, the pools and the cache's invariants after every decision."""
 
@@ -158,20 +159,7 @@ def test_every_decision_keeps_the_budget_and_the_invariants(
     tolerance: float,
     mode: str,
 ) -> None:
-    small = {
-        "chat": {"num_sessions": 3, "turns": 3, "system_prompt_len": 80, "user_len": 30, "output_len": 40},
-        "system-prompt": {"num_requests": 12, "prompt_len": 120, "user_len": 20, "output_len": 10},
-        "agent": {"num_agents": 2, "steps": 4, "context_len": 300, "observation_len": 50, "action_len": 20},
-        "tree": {
-            "num_trees": 1,
-            "depth": 2,
-            "fanout": 2,
-            "root_len": 90,
-            "segment_len": 30,
-            "output_len": 12,
-        },
-    }[generator]
-    reqs = GENERATORS[generator](seed=seed, **small)
+    reqs = GENERATORS[generator](seed=seed, **SMALL_SYNTHETIC[generator])
     longest = max(r.input_len + r.output_len for r in reqs)
     kv_tokens = max(kv_tokens, longest + 1)
     options = SplitOptions(every=every, step_fraction=step_fraction, tolerance=tolerance, min_slots=6)
@@ -192,3 +180,21 @@ def test_state_tensors_follow_the_physical_size() -> None:
     assert (engine.kv_pool.size, engine.mamba_pool.size) == (600, 60)
     assert (engine.kv_pool.capacity, engine.mamba_pool.capacity) == (400, 20)
     assert engine.mamba_pool.temporal.shape[1] == 61 and engine.mamba_pool.temporal.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------ options and the CLI
+def test_split_options_come_from_json_as_a_dict() -> None:
+    assert EngineOptions(split={"every": 4}).split == SplitOptions(every=4)
+    with pytest.raises(ConfigError, match="known: every"):
+        EngineOptions(split={"evry": 4})
+
+
+def test_the_cli_runs_an_adaptive_split_and_says_where_it_ended(capsys: pytest.CaptureFixture[str]) -> None:
+    from mamba_radix.cli import main
+
+    common = ["simulate", "--limit", "200", "--kv-tokens", "2000000", "--state-slots", "64", "--quiet"]
+    assert main([*common, "--mode", "sequential", "--no-verify-states", "--adaptive-split"]) == 0
+    out = capsys.readouterr().out
+    assert "adaptive split      ended at" in out and "pools               2,000,000 KV tokens, 64" in out
+    assert main([*common, "--infinite", "--adaptive-split"]) == 2
+    assert "drop --infinite" in capsys.readouterr().err

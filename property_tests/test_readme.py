@@ -43,3 +43,22 @@ def test_readme_main_job_numbers_are_the_committed_reference_run() -> None:
         assert line in report, f"README row not in the reference report: {line}"
     info = json.loads((reference / "run_info.json").read_text())
     assert f"{info['wall_s']:.0f} s wall on {info['processes']} processes" in section
+
+
+def test_readme_adaptive_split_table_is_the_committed_run() -> None:
+    """Every row of the README's adaptive-split table equals the committed run's row for its budget and policy
+    (`python experiments/adaptive_split.py --out experiments/reference/adaptive_split/adaptive_split.md`)."""
+    reference = README.parent / "experiments" / "reference" / "adaptive_split" / "adaptive_split.md"
+
+    def rows(text: str) -> dict[tuple[str, str], list[str]]:
+        out = {}
+        for line in text.splitlines():
+            cells = [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 7 and cells[0].endswith("slots") and "KV +" in cells[0]:
+                out[(cells[0], cells[1])] = cells[2:7]
+        return out
+
+    ours, committed = rows(README.read_text(encoding="utf-8")), rows(reference.read_text(encoding="utf-8"))
+    assert ours, "README.md lost its adaptive-split table"
+    for key, cells in ours.items():
+        assert committed.get(key) == cells, f"README row {key} differs from {reference.name}"

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 import pytest
+from small_workloads import SMALL_SYNTHETIC
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
@@ -226,20 +227,7 @@ def test_same_seed_same_results() -> None:
 @pytest.mark.parametrize("generator", sorted(GENERATORS))
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_hits_never_exceed_the_ideal(generator: str, strategy: str) -> None:
-    small = {
-        "chat": {"num_sessions": 3, "turns": 3, "system_prompt_len": 80, "user_len": 30, "output_len": 40},
-        "system-prompt": {"num_requests": 12, "prompt_len": 120, "user_len": 20, "output_len": 10},
-        "agent": {"num_agents": 2, "steps": 4, "context_len": 300, "observation_len": 50, "action_len": 20},
-        "tree": {
-            "num_trees": 1,
-            "depth": 2,
-            "fanout": 2,
-            "root_len": 90,
-            "segment_len": 30,
-            "output_len": 12,
-        },
-    }[generator]
-    reqs = GENERATORS[generator](seed=7, **small)
+    reqs = GENERATORS[generator](seed=7, **SMALL_SYNTHETIC[generator])
     # a tight pool so that eviction happens too
     _, metrics = run(reqs, pool=pools(kv_tokens=700, slots=30), mode="timed",
                      mamba_radix_cache_strategy=strategy, chunked_prefill_size=64)  # fmt: skip

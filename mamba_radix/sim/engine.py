@@ -145,6 +145,11 @@ class EngineOptions:
     split: SplitOptions | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.split, dict):  # from a JSON definition or a result record's params
+            try:
+                object.__setattr__(self, "split", SplitOptions(**self.split))
+            except TypeError as err:
+                raise ConfigError(f"split: {err}; known: every, step_fraction, tolerance, min_slots") from err
         if self.mode not in ("timed", "sequential"):
             raise ConfigError(f"mode must be 'timed' or 'sequential', got {self.mode!r}")
         if self.arrival_time_scale <= 0:

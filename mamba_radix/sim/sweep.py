@@ -410,13 +410,20 @@ def run_one(
     return result_record(
         spec.run_id,
         spec.params(),
-        pools.as_dict() | {"max_running_requests_effective": engine.max_running},
+        pools.as_dict() | {"max_running_requests_effective": engine.max_running} | _split_end(engine),
         metrics.summary(),
         engine.cache_stats(),
         metrics.timeseries() if spec.keep_timeseries else None,
         wall_s,
         metrics.per_request if engine.options.keep_per_request else None,
     )
+
+
+def _split_end(engine: Engine) -> dict[str, Any]:
+    """Where an adaptive split ended (the pools' sizes are where it started); nothing without one."""
+    if engine.split is None:
+        return {}
+    return {"split_end": {"kv_tokens": engine.split.kv_tokens, "state_slots": engine.split.state_slots}}
 
 
 # progress channel of a worker process: set by _worker_init (a queue the parent drains)
