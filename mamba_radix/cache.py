@@ -232,9 +232,9 @@ class MambaRadixCache(RequestLifecycle):
         if policy is not None and not isinstance(policy, CachePolicy):
             raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
         self.tree = RadixTree(config, self.device, policy)
-        # which KV indices the tree holds (set on an insert's new leaf, cleared on release)
-        max_index = getattr(token_to_kv_pool_allocator, "max_index", token_to_kv_pool_allocator.size)
-        self._tree_kv = HeldIndices(max_index, self.device)
+        # which KV indices the tree holds: built by the first public insert's check, then kept (set on an
+        # insert's new leaf, cleared on release); None until then, so the lifecycle alone never pays for it
+        self._tree_kv: HeldIndices | None = None
         self.policy = self.tree.policy
         self.policy.cache = self
         self.buffer = buffer_strategy(config)
@@ -482,7 +482,7 @@ class MambaRadixCache(RequestLifecycle):
         """Free what an insert returned (duplicate KV, capped checkpoints) and count it."""
         if done.duplicate_kv.numel():  # the caller's KV, validated as allocated and distinct already
             self.token_to_kv_pool_allocator.free(done.duplicate_kv, check=False)
-        if done.new_kv is not None:
+        if done.new_kv is not None and self._tree_kv is not None:
             self._tree_kv.hold(done.new_kv)
         if done.capped_slots:
             self.mamba_pool.free(done.capped_slots, check=False)  # checkpoints the tree just dropped
@@ -505,13 +505,27 @@ class MambaRadixCache(RequestLifecycle):
         ):
             return  # the tree's own argument checks report these
         handed_over = kv_indices[max(prev_prefix_len, 0) :]
-        if handed_over.numel() and self._tree_kv.any_held(handed_over):
-            at = max(prev_prefix_len, 0) + (self._tree_kv.first_held(handed_over) or 0)
+        if not handed_over.numel():
+            return
+        held = self._held_kv()
+        if held.any_held(handed_over):
+            at = max(prev_prefix_len, 0) + (held.first_held(handed_over) or 0)
             raise InvalidArgument(
                 f"KV index {int(kv_indices[at])} at position {at} is already the tree's (positions from "
                 f"prev_prefix_len={prev_prefix_len} are handed over); pass prev_prefix_len = the length of the "
                 "prefix the tree holds, or fresh indices"
             )
+
+    def _held_kv(self) -> HeldIndices:
+        """The held-KV flags, built from the tree on first use (O(tree KV) once), kept up to date after."""
+        if self._tree_kv is None:
+            allocator = self.token_to_kv_pool_allocator
+            max_index = getattr(allocator, "max_index", allocator.size)
+            self._tree_kv = HeldIndices(max_index, self.device)
+            for node in self.tree.nodes():
+                if not node.is_root and node.value.numel():
+                    self._tree_kv.hold(node.value)
+        return self._tree_kv
 
     def _check_owned_by_caller(self, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int) -> None:
         """The caller hands over KV ``[prev_prefix_len, L)`` and the slot: both must be allocated (the
@@ -569,7 +583,8 @@ class MambaRadixCache(RequestLifecycle):
         the tree just detached, each held by that node alone (the invariants' conservation rule)."""
         if freed.kv:
             kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
-            self._tree_kv.release(kv)
+            if self._tree_kv is not None:
+                self._tree_kv.release(kv)
             self.token_to_kv_pool_allocator.free(kv, check=False)
         if freed.slots:
             self.mamba_pool.free(freed.slots, check=False)

@@ -207,8 +207,10 @@ def _check_owners(
 
 
 def _check_held_flags(cache: MambaRadixCache, tree_kv: list[torch.Tensor]) -> None:
-    """The cache's record of which KV indices the tree holds (what a public insert checks against)
-    equals the union of the tree's node values."""
+    """The cache's record of which KV indices the tree holds (what a public insert checks against; kept
+    from the first public insert on) equals the union of the tree's node values."""
+    if cache._tree_kv is None:
+        return
     held = cache._tree_kv.held_indices().cpu()
     values = torch.unique(torch.cat(tree_kv).cpu()) if tree_kv else held[:0]
     if not torch.equal(held, values):

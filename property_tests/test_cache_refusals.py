@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lifecycle_helpers import prefill
 
 from mamba_radix import CacheConfig, InvalidArgument, InvalidIndex, MambaRadixCache, RadixKey, Req
 from mamba_radix.state_stamp import fingerprint, write_stamp
@@ -91,6 +92,24 @@ def test_held_flags_follow_the_tree_through_inserts_and_evictions() -> None:
     reused = cache.token_to_kv_pool_allocator.alloc(4)  # indices the tree held before: fresh again
     cache.insert([60, 61, 62, 63], reused, int(cache.mamba_pool.alloc(1)[0]))
     cache.check_invariants()
+
+
+def test_held_flags_are_built_from_the_tree_by_the_first_public_insert() -> None:
+    """The lifecycle alone never builds the flags; the first public insert builds them from the tree, so
+    a tree index the lifecycle inserted is refused there too."""
+    cache = MambaRadixCache.build(NO_BUFFER, num_tokens=64, num_slots=12, max_context_len=64)
+    req = Req(rid=1, origin_input_ids=list(range(1, 13)))
+    assert cache.admit(req, 1)
+    prefill(cache, req, 8)
+    cache.finish(req)
+    assert cache._tree_kv is None and cache.full_evictable_size() > 0
+    tree_kv = cache.match_prefix(list(range(1, 13))).device_indices
+    fresh_kv = cache.token_to_kv_pool_allocator.alloc(3)
+    slot = int(cache.mamba_pool.alloc(1)[0])
+    mixed = torch.cat([fresh_kv, tree_kv[:1]])
+    refused(cache, InvalidArgument, "already the tree's", cache.insert, [70, 71, 72, 73], mixed, slot)
+    assert cache._tree_kv is not None
+    cache.check_invariants()  # the flags built from the tree equal its KV
 
 
 def test_insert_refuses_a_running_requests_slot() -> None:
