@@ -198,3 +198,26 @@ def test_the_cli_runs_an_adaptive_split_and_says_where_it_ended(capsys: pytest.C
     assert "adaptive split      ended at" in out and "pools               2,000,000 KV tokens, 64" in out
     assert main([*common, "--infinite", "--adaptive-split"]) == 2
     assert "drop --infinite" in capsys.readouterr().err
+
+
+def test_the_experiment_runs_end_to_end(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`experiments/adaptive_split.py` on 40 requests per workload: every table row and the plot."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    try:
+        import adaptive_split
+    finally:
+        sys.path.pop(0)
+    out, png = tmp_path / "split.md", tmp_path / "split.png"
+    assert adaptive_split.main(["--limit", "40", "--quiet", "--out", str(out), "--plot", str(png)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert text == capsys.readouterr().out.rstrip("\n") + "\n"
+    assert sum(line.startswith(("| 8M KV", "| 2M KV")) for line in text.splitlines()) == 6
+    assert (
+        sum(line.startswith(("| chat", "| system-prompt", "| agent", "| tree")) for line in text.splitlines())
+        == 8
+    )
+    assert png.stat().st_size > 10_000
