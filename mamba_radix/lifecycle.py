@@ -38,7 +38,6 @@ happens once, at the public edge: the prompt and each sampled token are checked 
 
 from __future__ import annotations
 
-import os
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
@@ -49,6 +48,7 @@ from weakref import WeakKeyDictionary
 import torch
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.native import compiled_paths_enabled
 from mamba_radix.request import Req
 from mamba_radix.tree import RadixKey, Walk
 
@@ -134,10 +134,8 @@ except ImportError:  # not built (no compiler at install time) or built for anot
     _c_pack_int64 = None
 
 # Whether _check_token_list tries the compiled check when it imported (False: always the reference; tests
-# set it to compare the two). The tree's switch, so one variable turns every compiled path off:
-# MAMBA_RADIX_C_WALK=0 at import (mamba_radix.tree, imported above, has already refused a value that is
-# not 0 or 1).
-_C_TOKEN_CHECK = os.environ.get("MAMBA_RADIX_C_WALK", "1") == "1"
+# set it to compare the two). MAMBA_RADIX_C=0 at import sets it, as it does the tree's (mamba_radix.native).
+_C_TOKEN_CHECK = compiled_paths_enabled()
 
 
 def _check_token_list(tokens: object, what: str) -> array:

@@ -15,7 +15,7 @@ Which walk runs: a walk with page size 1 and no namespace (the common case) take
 runs compiled (``mamba_radix._cwalk``, built from ``mamba_radix/_cwalk.c`` by ``pip install``) when the
 extension imported, because on a large tree the Python loop's interpreter work per node dominates a match;
 the compiled loop compares in the key's own buffer, so it copies nothing and takes keys of any length.
-Else (not built, ``MAMBA_RADIX_C_WALK=0`` at import, or :data:`_C_WALK` set to False) a key that fits the
+Else (not built, ``MAMBA_RADIX_C=0`` at import, see :mod:`mamba_radix.native`, or :data:`_C_WALK` set to False) a key that fits the
 scratch buffer takes the pure-Python :func:`_walk_in_scratch`, the reference (a property test checks the
 two agree). The extension is optional: a machine without a C compiler installs without it and gets the
 Python loops, with the same results. Every other walk takes the general loop in
@@ -24,7 +24,6 @@ Python loops, with the same results. Every other walk takes the general loop in
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import torch
 
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.eviction import CheckpointOrder, EvictionIndex
+from mamba_radix.native import compiled_paths_enabled
 from mamba_radix.node import (
     ROOT_ID,
     TokenIds,
@@ -123,15 +123,9 @@ try:  # the compiled page-1 loop: optional (setup.py builds it where a C compile
 except ImportError:  # not built (no compiler at install time) or built for another Python
     _c_walk_in_scratch = None
 
-_C_WALK_ENV = "MAMBA_RADIX_C_WALK"
-if os.environ.get(_C_WALK_ENV, "1") not in ("0", "1"):
-    raise InvalidArgument(
-        f"{_C_WALK_ENV}={os.environ[_C_WALK_ENV]!r} is not a switch; set it to 1 (the compiled walk when "
-        "it was built, the default) or 0 (always the pure-Python walk)"
-    )
 # Whether the page-1 loop runs compiled when the extension imported (False: always the pure-Python
-# _walk_in_scratch; tests set it to compare the two, MAMBA_RADIX_C_WALK=0 sets it at import).
-_C_WALK = os.environ.get(_C_WALK_ENV, "1") == "1"
+# _walk_in_scratch; tests set it to compare the two; MAMBA_RADIX_C=0 sets it at import, mamba_radix.native).
+_C_WALK = compiled_paths_enabled()
 
 
 def c_walk_active() -> bool:

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from mamba_radix import CacheConfig, RadixKey
 from mamba_radix import tree as tree_mod
+from mamba_radix.errors import InvalidArgument
 from mamba_radix.node import TokenIds, TreeNode, as_token_ids
 from mamba_radix.tree import RadixTree, _walk_in_scratch
 
@@ -364,3 +365,25 @@ def test_whole_tree_operations_are_the_same_with_the_c_walk_on_and_off(
     ops: list[tuple[Any, ...]], scratch_tokens: int | None
 ) -> None:
     assert _run(ops, True, scratch_tokens) == _run(ops, False, scratch_tokens)
+
+
+@pytest.mark.parametrize(
+    ("environ", "enabled"),
+    [
+        ({}, True),
+        ({"MAMBA_RADIX_C": "0"}, False),
+        ({"MAMBA_RADIX_C": "1", "MAMBA_RADIX_C_WALK": "0"}, True),  # the new name wins
+        ({"MAMBA_RADIX_C_WALK": "0"}, False),  # the old name, alone, still switches both off
+    ],
+)
+def test_one_switch_for_the_compiled_paths(environ: dict[str, str], enabled: bool) -> None:
+    from mamba_radix.native import compiled_paths_enabled
+
+    assert compiled_paths_enabled(environ) is enabled
+
+
+def test_a_bad_switch_value_is_refused() -> None:
+    from mamba_radix.native import compiled_paths_enabled
+
+    with pytest.raises(InvalidArgument, match="MAMBA_RADIX_C='yes' is not a switch"):
+        compiled_paths_enabled({"MAMBA_RADIX_C": "yes"})

@@ -1,0 +1,32 @@
+"""The one switch for the optional C extensions (``mamba_radix/_cwalk.c``, the tree's walk loop, and
+``mamba_radix/_ctokens.c``, the prompt check).
+
+``MAMBA_RADIX_C=0`` in the environment at import makes every compiled path fall back to its pure-Python
+reference (the same results, more slowly); ``1``, the default, uses each extension that was built.
+``MAMBA_RADIX_C_WALK``, its name before the prompt check was compiled too, is still read when
+``MAMBA_RADIX_C`` is not set. Any other value is refused at import with :class:`InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from mamba_radix.errors import InvalidArgument
+
+__all__ = ["ENV", "LEGACY_ENV", "compiled_paths_enabled"]
+
+ENV = "MAMBA_RADIX_C"
+LEGACY_ENV = "MAMBA_RADIX_C_WALK"
+
+
+def compiled_paths_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the compiled paths may run (each still needs its extension built). O(1)."""
+    name = ENV if ENV in environ else LEGACY_ENV
+    value = environ.get(name, "1")
+    if value not in ("0", "1"):
+        raise InvalidArgument(
+            f"{name}={value!r} is not a switch; set it to 1 (the compiled paths where they were built, the "
+            "default) or 0 (always the pure-Python references)"
+        )
+    return value == "1"
