@@ -232,8 +232,9 @@ class MambaRadixCache(RequestLifecycle):
         if policy is not None and not isinstance(policy, CachePolicy):
             raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
         self.tree = RadixTree(config, self.device, policy)
-        # which KV indices the tree holds: built by the first public insert's check, then kept (set on an
-        # insert's new leaf, cleared on release); None until then, so the lifecycle alone never pays for it
+        # which KV indices the tree holds: built by the first public check that needs it (insert, the
+        # SGLang-named calls made directly), then kept (set on an insert's new leaf, cleared on release);
+        # None until then, so the lifecycle alone never pays for it
         self._tree_kv: HeldIndices | None = None
         self.policy = self.tree.policy
         self.policy.cache = self

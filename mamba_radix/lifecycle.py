@@ -526,7 +526,9 @@ class RequestLifecycle:
 
     def _check_request_kv(self: MambaRadixCache, req: Req, kv: torch.Tensor, verb: str) -> None:
         """The request's own KV ``kv`` (a span of its row past ``cache_protected_len``, int32 as stored)
-        must be allocated. O(len), one fused pass over the row's memory (no copy, no mask tensor)."""
+        must be allocated and not the tree's (the insert would give a tree index a second owner, the free
+        past the checkpoint would free it under the tree). O(len): one fused pass over the row's memory
+        and one gather of the held-KV flags (built from the tree by the first such check)."""
         allocator = self.token_to_kv_pool_allocator
         if not allocator.all_allocated(kv):
             kv = kv.to(torch.int64)
@@ -534,6 +536,14 @@ class RequestLifecycle:
             raise InvalidIndex(
                 f"{verb}: request {req.rid!r} has KV index {bad} in its row that is not allocated; write "
                 "only indices from the allocator into req_to_token"
+            )
+        held = self._held_kv()
+        if kv.numel() and held.any_held(kv):
+            at = held.first_held(kv) or 0
+            raise InvalidIndex(
+                f"{verb}: request {req.rid!r} has KV index {int(kv[at])} at row position "
+                f"{req.cache_protected_len + at} (past cache_protected_len) that is the tree's; only the "
+                "matched prefix below cache_protected_len may hold tree indices"
             )
 
     @contextmanager

@@ -112,6 +112,27 @@ def test_held_flags_are_built_from_the_tree_by_the_first_public_insert() -> None
     cache.check_invariants()  # the flags built from the tree equal its KV
 
 
+@pytest.mark.parametrize("call", ["cache_unfinished_req", "cache_finished_req"])
+def test_the_sglang_named_calls_refuse_a_tree_index_in_a_requests_own_kv(call: str) -> None:
+    """A row that holds a tree index past cache_protected_len (an engine bug) is refused before anything
+    changes: inserted, the index would have two owners; freed past the checkpoint, it would be freed
+    under the tree."""
+    cache = MambaRadixCache.build(NO_BUFFER, num_tokens=128, num_slots=12, max_context_len=64)
+    done = Req(rid=1, origin_input_ids=list(range(1, 13)))
+    assert cache.admit(done, 1)
+    prefill(cache, done, 8)
+    cache.finish(done)
+    tree_kv = cache.match_prefix(list(range(1, 13))).device_indices
+    req = Req(rid=2, origin_input_ids=list(range(100, 120)))
+    assert cache.admit(req, 1)
+    assert cache.extend(req, 8) is not None
+    req.kv_len = 8
+    cache.req_to_token_pool.req_to_token[req.req_pool_idx, 3] = int(tree_kv[0])
+    refused(cache, InvalidIndex, "at row position 3 .* is the tree's", getattr(cache, call), req)
+    cache.req_to_token_pool.req_to_token[req.req_pool_idx, 3] = 0  # not allocated: the older check names it
+    refused(cache, InvalidIndex, "not allocated", getattr(cache, call), req)
+
+
 def test_insert_refuses_a_running_requests_slot() -> None:
     cache = fresh()
     req = Req(rid=1, origin_input_ids=[40, 41, 42])

@@ -7,10 +7,12 @@ tree index handed over *past* the matched prefix at all: such an insert was acce
 owned by two nodes (invariant 3). The allocator cannot answer this itself: to it the tree's indices and a
 running request's are both just "allocated".
 
-Only the cache writes the flags, at the two places where KV changes hands (an insert's new leaf, an
-eviction's release), and only from the first public insert on (it builds them from the tree then): an
-engine driving the lifecycle alone, whose hand-overs are trusted, never pays the O(new tokens) scatter
-(about 8 us for an 8,192-token chunk). :func:`mamba_radix.invariants.check_invariants` checks that they
+The SGLang-named calls ``cache_unfinished_req`` / ``cache_finished_req``, called directly, check the
+request's row past its prefix against them too (a tree index there would get a second owner, or be
+freed under the tree). Only the cache writes the flags, at the two places where KV changes hands (an
+insert's new leaf, an eviction's release), and only from the first such public check on (it builds them
+from the tree then): an engine driving the lifecycle alone, whose hand-overs are trusted, never pays the
+O(new tokens) scatter (about 8 us for an 8,192-token chunk). :func:`mamba_radix.invariants.check_invariants` checks that they
 equal the union of the tree's node values.
 """
 
