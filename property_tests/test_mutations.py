@@ -4,7 +4,8 @@ Every mutant is installed with ``monkeypatch`` (undone after the test) as a thin
 method, so it keeps tracking the real code. The cache's own ``check_invariants`` is switched off for the
 run: the suite's independent checks (oracle, conservation against the pools, accounting, state stamps,
 eviction amounts, teardown) must find the bug by themselves. Runs are deterministic (``derandomize``, no
-example database) and bounded (a fixed example budget, no shrinking), so this file costs seconds.
+example database) and bounded (a fixed example budget, no shrinking), so this file costs
+about a minute.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ BUDGET = settings(
     report_multiple_bugs=False,
     suppress_health_check=list(HealthCheck),
 )
+# The cap mutant shows only in capped runs that evict nothing at a shared fork: over 12 random seeds it took
+# 10 to 398 examples (median ~90). The derandomized stream is fixed for one set of imported test modules, not
+# across sets: with test_reference_engine.py collected too, 300 examples missed it. So capped runs get a
+# budget with a margin over that tail, and the control runs the same one.
+CAPPED_BUDGET = settings(BUDGET, max_examples=1500)
 
 
 # --------------------------------------------------------------------------------------------- mutants
@@ -140,15 +146,19 @@ def test_suite_catches_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> Non
     MUTANTS[name](monkeypatch)
     monkeypatch.setattr(MambaRadixCache, "check_invariants", lambda self, running_reqs=None: None)
     start = time.perf_counter()
-    machine = CappedMachine if name.startswith("cap_") else AnyConfigMachine
+    machine, budget = (
+        (CappedMachine, CAPPED_BUDGET) if name.startswith("cap_") else (AnyConfigMachine, BUDGET)
+    )
     with pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(machine, settings=BUDGET)
+        run_state_machine_as_test(machine, settings=budget)
     print(
         f"{name}: caught in {time.perf_counter() - start:.1f}s: {(str(caught.value).splitlines() or [type(caught.value).__name__])[0]}"
     )
 
 
-@pytest.mark.parametrize("machine", [AnyConfigMachine, CappedMachine], ids=["any", "capped"])
-def test_unmutated_cache_passes_the_same_budget(machine) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("machine", "budget"), [(AnyConfigMachine, BUDGET), (CappedMachine, CAPPED_BUDGET)], ids=["any", "capped"]
+)
+def test_unmutated_cache_passes_the_same_budget(machine, budget) -> None:  # type: ignore[no-untyped-def]
     """The control: the same bounded runs without a mutant find nothing, so a mutant's failure is its own."""
-    run_state_machine_as_test(machine, settings=BUDGET)
+    run_state_machine_as_test(machine, settings=budget)
