@@ -505,12 +505,13 @@ class MambaRadixCache(RequestLifecycle):
             or not isinstance(prev_prefix_len, int)
         ):
             return  # the tree's own argument checks report these
-        handed_over = kv_indices[max(prev_prefix_len, 0) :]
+        start = max(prev_prefix_len, 0)
+        handed_over = kv_indices[start:]
         if not handed_over.numel():
             return
         held = self._held_kv()
         if held.any_held(handed_over):
-            at = max(prev_prefix_len, 0) + (held.first_held(handed_over) or 0)
+            at = start + (held.first_held(handed_over) or 0)
             raise InvalidArgument(
                 f"KV index {int(kv_indices[at])} at position {at} is already the tree's (positions from "
                 f"prev_prefix_len={prev_prefix_len} are handed over); pass prev_prefix_len = the length of the "

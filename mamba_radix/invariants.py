@@ -213,14 +213,15 @@ def _check_held_flags(cache: MambaRadixCache, tree_kv: list[torch.Tensor]) -> No
         return
     held = cache._tree_kv.held_indices().cpu()
     values = torch.unique(torch.cat(tree_kv).cpu()) if tree_kv else held[:0]
-    if not torch.equal(held, values):
-        extra = held[~torch.isin(held, values)]
-        what = (
-            f"{int(extra[0])} is marked but no node holds it"
-            if extra.numel()
-            else (f"{int(values[~torch.isin(values, held)][0])} is held by a node but not marked")
-        )
-        _fail(cache.tree, f"invariant 3: the held-KV flags disagree with the tree: index {what}")
+    if torch.equal(held, values):
+        return
+    extra, missing = held[~torch.isin(held, values)], values[~torch.isin(values, held)]
+    what = (
+        f"{int(extra[0])} is marked but no node holds it"
+        if extra.numel()
+        else f"{int(missing[0])} is held by a node but not marked"
+    )
+    _fail(cache.tree, f"invariant 3: the held-KV flags disagree with the tree: index {what}")
 
 
 def check_invariants(cache: MambaRadixCache, running_reqs: Iterable[Req] | None = None) -> None:

@@ -12,8 +12,8 @@ request's row past its prefix against them too (a tree index there would get a s
 freed under the tree). Only the cache writes the flags, at the two places where KV changes hands (an
 insert's new leaf, an eviction's release), and only from the first such public check on (it builds them
 from the tree then): an engine driving the lifecycle alone, whose hand-overs are trusted, never pays the
-O(new tokens) scatter (about 8 us for an 8,192-token chunk). :func:`mamba_radix.invariants.check_invariants` checks that they
-equal the union of the tree's node values.
+O(new tokens) scatter (about 8 us for an 8,192-token chunk). :func:`mamba_radix.invariants.check_invariants`
+checks that they equal the union of the tree's node values.
 """
 
 from __future__ import annotations

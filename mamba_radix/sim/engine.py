@@ -51,7 +51,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -149,7 +149,8 @@ class EngineOptions:
             try:
                 object.__setattr__(self, "split", SplitOptions(**self.split))
             except TypeError as err:
-                raise ConfigError(f"split: {err}; known: every, step_fraction, tolerance, min_slots") from err
+                known = ", ".join(f.name for f in fields(SplitOptions))
+                raise ConfigError(f"split: {err}; known: {known}") from err
         if self.mode not in ("timed", "sequential"):
             raise ConfigError(f"mode must be 'timed' or 'sequential', got {self.mode!r}")
         if self.arrival_time_scale <= 0:
@@ -250,9 +251,7 @@ class Engine:
             )
         self.split: AdaptiveSplit | None = None
         num_tokens, num_slots = pools.kv_tokens, pools.state_slots
-        if self.options.split is not None:
-            if config.page_size != 1:
-                raise ConfigError("the adaptive split (EngineOptions.split) needs page_size 1")
+        if self.options.split is not None:  # attach() refuses page_size > 1
             floor = max(self.options.split.min_kv_tokens, max_context_len + 1)
             self.split = AdaptiveSplit(
                 replace(self.options.split, min_kv_tokens=floor),

@@ -156,7 +156,10 @@ class AdaptiveSplit:
             return
         pool.set_capacity(target)
         self.state_slots = target
-        self._rebalance_kv(cache)
+        self.kv_tokens = self._rest_of_budget(
+            self.state_slots * self.bytes_per_state_slot, self.bytes_per_kv_token, self.physical_kv_tokens
+        )
+        cache.token_to_kv_pool_allocator.set_capacity(self.kv_tokens)
 
     def _to_states(self, cache: MambaRadixCache) -> None:
         """Move ``step_slots`` slots' worth of bytes from the KV pool to the state pool."""
@@ -180,12 +183,12 @@ class AdaptiveSplit:
             return  # locked KV: try again at the next decision
         allocator.set_capacity(target)
         self.kv_tokens = target
-        free = self.budget_bytes - self.kv_tokens * self.bytes_per_kv_token
-        self.state_slots = min(free // self.bytes_per_state_slot, self.physical_state_slots)
+        self.state_slots = self._rest_of_budget(
+            self.kv_tokens * self.bytes_per_kv_token, self.bytes_per_state_slot, self.physical_state_slots
+        )
         cache.mamba_pool.set_capacity(self.state_slots)
 
-    def _rebalance_kv(self, cache: MambaRadixCache) -> None:
-        """Give the KV pool every byte the state pool does not take."""
-        free = self.budget_bytes - self.state_slots * self.bytes_per_state_slot
-        self.kv_tokens = min(free // self.bytes_per_kv_token, self.physical_kv_tokens)
-        cache.token_to_kv_pool_allocator.set_capacity(self.kv_tokens)
+    def _rest_of_budget(self, other_bytes: int, unit_bytes: int, physical_units: int) -> int:
+        """The units of ``unit_bytes`` the budget buys besides the other pool's ``other_bytes`` (at most the
+        pool's physical size): the pool that grows gets every byte the other one does not hold."""
+        return min((self.budget_bytes - other_bytes) // unit_bytes, physical_units)
