@@ -187,6 +187,10 @@ class CandidateKeys(Protocol):
 # Whether an EvictionIndex built without an explicit ``lazy_removal`` defers removals (_KeySet). The
 # eager form is the reference a property test checks the lazy one against.
 LAZY_REMOVAL = True
+# Whether an EvictionIndex over the order's own keys (no research policy's) defers a stamp's re-key to
+# the moment its key reaches the front (see EvictionIndex). The eager form is the reference a property
+# test checks the lazy one against.
+LAZY_STAMPS = True
 # A lazy set compacts once it holds more than this many dead keys and more dead keys than live ones
 # (module constant: the property test shrinks it to reach compaction in a few operations).
 COMPACT_MIN_DEAD = 4096
@@ -292,6 +296,18 @@ class EvictionIndex:
     ``flop_weighted`` parameters) or a ready :class:`CheckpointOrder`; :attr:`order` holds the latter.
     ``lazy_removal`` (default :data:`LAZY_REMOVAL`): whether a removal is deferred (see :class:`_KeySet`;
     the same candidates, order and keys either way, a removal O(1) amortised instead of O(log n)).
+
+    ``lazy_stamps`` (default :data:`LAZY_STAMPS`; only with the order's own keys, never a research
+    policy's): a touch only writes the node's stamp, and the node stays listed under the key it had.
+    Why that is exact: every order's key is non-decreasing in the stamps and nothing else in it changes
+    without an :meth:`update` (depth and id are fixed; a lock or leaf change calls it), so a listed key
+    is at most the node's current one. The smallest listed key whose node still has that key is then the
+    smallest current key of all: :meth:`first_full` / :meth:`first_mamba` re-key stale entries as they
+    reach the front until one is current. Each re-key follows at least one touch, so the total work is at
+    most the eager form's, and a match's touches cost an attribute store each instead of a re-key
+    (~2-6 us on the admission path). ``node.full_evict_key`` / ``node.mamba_evict_key`` are then the keys
+    the nodes are *listed* under (:meth:`is_listed_under` states what the invariant checker accepts); the
+    queries that report keys and orders compute the current ones.
     """
 
     def __init__(
@@ -302,6 +318,7 @@ class EvictionIndex:
         flop_crossover: int = DEFAULT_FLOP_CROSSOVER,
         keys: CandidateKeys | None = None,
         lazy_removal: bool | None = None,
+        lazy_stamps: bool | None = None,
     ) -> None:
         if not isinstance(order, CheckpointOrder):
             order = CheckpointOrder(order, flop_weight, flop_crossover)
@@ -312,6 +329,8 @@ class EvictionIndex:
         if keys is not None:
             self._full_key, self._mamba_key = keys.full_key, keys.mamba_key
         lazy = LAZY_REMOVAL if lazy_removal is None else lazy_removal
+        # a research policy's keys may read anything, so they are re-keyed at every change
+        self.lazy_stamps: bool = keys is None and (LAZY_STAMPS if lazy_stamps is None else lazy_stamps)
         self._full = _KeySet(lazy)
         self._mamba = _KeySet(lazy)
         self._nodes: dict[int, TreeNode] = {}  # id -> node, for every node in either set
@@ -367,33 +386,71 @@ class EvictionIndex:
             node.mamba_evict_key = None
         self._nodes.pop(node.id, None)
 
+    def is_listed_under(
+        self, node: TreeNode, listed: tuple[int, ...] | None, current: tuple[int, ...] | None
+    ) -> bool:
+        """Whether ``listed`` (the key ``node`` is registered under in one set) is consistent with its
+        ``current`` key (None: not a member): equal, or with :attr:`lazy_stamps` an older key of the same
+        node that is not larger (a stamp moved since it was listed). O(1)."""
+        if listed == current:
+            return True
+        return (
+            self.lazy_stamps
+            and listed is not None
+            and current is not None
+            and len(listed) == len(current)
+            and listed[-1] == current[-1] == node.id
+            and listed < current
+        )
+
     # ------------------------------------------------------------------------------------------ queries
     def first_full(self) -> TreeNode | None:
         """The next full-KV victim (an unlocked leaf), or None. O(log n) amortised (it may drop dead keys
-        from the front of the set)."""
+        from the front of the set, and with :attr:`lazy_stamps` re-key the stale ones it meets there)."""
         key = self._full.first()
-        return None if key is None else self._nodes[key[-1]]
+        if key is None:
+            return None
+        node = self._nodes[key[-1]]
+        if self.lazy_stamps:
+            while (current := self._full_key(node)) != key:  # touched since it was listed: move it back
+                node.full_evict_key = _rekeyed(self._full, key, current)
+                key = self._full.first()  # never None: the node itself is listed again
+                node = self._nodes[key[-1]]  # type: ignore[index]
+        return node
 
     def first_mamba(self) -> TreeNode | None:
-        """The next checkpoint victim, or None. O(log n) amortised (it may drop dead keys from the front
-        of the set)."""
+        """The next checkpoint victim, or None. O(log n) amortised (as :meth:`first_full`)."""
         key = self._mamba.first()
-        return None if key is None else self._nodes[key[-1]]
+        if key is None:
+            return None
+        node = self._nodes[key[-1]]
+        if self.lazy_stamps:
+            while (current := self._mamba_key(node)) != key:
+                node.mamba_evict_key = _rekeyed(self._mamba, key, current)
+                key = self._mamba.first()
+                node = self._nodes[key[-1]]  # type: ignore[index]
+        return node
 
     def full_candidates(self) -> Iterator[TreeNode]:
-        """Full-KV candidates in eviction order (for tests and the invariant checker). O(n)."""
-        return (self._nodes[k[-1]] for k in self._full)
+        """Full-KV candidates in eviction order (for tests, the invariant checker and research policies).
+        O(n), and O(n log n) with :attr:`lazy_stamps` (the current keys are sorted)."""
+        return (self._nodes[k[-1]] for k in self.full_keys())
 
     def mamba_candidates(self) -> Iterator[TreeNode]:
-        """Checkpoint candidates in eviction order (for tests and the invariant checker). O(n)."""
-        return (self._nodes[k[-1]] for k in self._mamba)
+        """Checkpoint candidates in eviction order (as :meth:`full_candidates`)."""
+        return (self._nodes[k[-1]] for k in self.mamba_keys())
 
     def full_keys(self) -> list[tuple[int, ...]]:
-        """The full-KV candidates' keys in eviction order. O(n)."""
+        """The full-KV candidates' current keys in eviction order. O(n); O(n log n) with
+        :attr:`lazy_stamps`. No side effects."""
+        if self.lazy_stamps:
+            return sorted(self._full_key(self._nodes[k[-1]]) for k in self._full)
         return self._full.keys()
 
     def mamba_keys(self) -> list[tuple[int, ...]]:
-        """The checkpoint candidates' keys in eviction order. O(n)."""
+        """The checkpoint candidates' current keys in eviction order (as :meth:`full_keys`)."""
+        if self.lazy_stamps:
+            return sorted(self._mamba_key(self._nodes[k[-1]]) for k in self._mamba)
         return self._mamba.keys()
 
     def __len__(self) -> int:

@@ -114,7 +114,11 @@ def check_tree_invariants(tree: RadixTree) -> None:
             sizes[2 if node.mamba_lock_ref == 0 else 3] += 1
         want_full = tree.policy.full_key(node) if is_full_candidate(node) else None
         want_mamba = tree.policy.mamba_key(node) if is_mamba_candidate(node) else None
-        if node.full_evict_key != want_full or node.mamba_evict_key != want_mamba:
+        index = tree.index
+        if not (
+            index.is_listed_under(node, node.full_evict_key, want_full)
+            and index.is_listed_under(node, node.mamba_evict_key, want_mamba)
+        ):
             _fail(
                 tree,
                 f"invariant 5: node {node.id} is registered under ({node.full_evict_key}, "

@@ -290,6 +290,8 @@ class RadixTree:
         self.index = EvictionIndex(
             CheckpointOrder.from_config(config), keys=None if self._base_policy_keys else self.policy
         )
+        # a touch only stamps: the index re-keys a stale entry when it reaches the front (EvictionIndex)
+        self._lazy_stamps = self.index.lazy_stamps
         self.full_evictable_size = 0
         self.full_protected_size = 0
         self.mamba_evictable_size = 0
@@ -398,10 +400,11 @@ class RadixTree:
         path: list[TreeNode] = []
         if num_tokens == 0 or not node.children:
             return path, 0, 0
-        child = node.children.get(child_key(tokens, 0, page, extra_key))
+        fast = page == 1 and extra_key is None  # child_key is then the first token (no call)
+        child = node.children.get(tokens[0] if fast else child_key(tokens, 0, page, extra_key))
         if child is None:  # a miss at the first edge: no bytes needed
             return path, 0, 0
-        if page == 1 and extra_key is None and _FAST_WALK and _C_WALK and _c_walk_in_scratch is not None:
+        if fast and _FAST_WALK and _C_WALK and _c_walk_in_scratch is not None:
             # The compiled loop compares the edges in the key's own buffer (which holds its first
             # num_tokens tokens, all the loop asks of its scratch argument): no copy, any key length.
             try:
@@ -415,7 +418,7 @@ class RadixTree:
         nbytes = num_tokens * 8
         if nbytes <= len(scratch):
             memoryview(scratch)[:nbytes] = view.cast("B")
-            if page == 1 and extra_key is None and _FAST_WALK:
+            if fast and _FAST_WALK:
                 return _walk_in_scratch(scratch, tokens, child, num_tokens, path)
             haystack: bytearray | None = scratch
         else:
@@ -482,7 +485,7 @@ class RadixTree:
         # reads last_access (the only field that changed), so an internal child needs none either.
         if not self._base_policy_keys:
             self.index.update(child)
-        elif not child.children:
+        elif not child.children and not self._lazy_stamps:
             self.index.update_full_stamp(child)
         return new
 
@@ -490,7 +493,12 @@ class RadixTree:
         """Stamp the full recency of ``path``'s nodes. With the base policy only a leaf's candidate key
         reads ``last_access`` (an internal node is never a full-KV candidate, and its checkpoint key reads
         ``mamba_last_access``), so only leaves are re-keyed: the other updates would change nothing.
-        A research policy's keys may read anything: every stamped node is re-keyed. O(path * log n)."""
+        A research policy's keys may read anything: every stamped node is re-keyed. O(path * log n); with
+        the index's lazy stamps nothing is re-keyed here: O(path)."""
+        if self._lazy_stamps:
+            for node in path:
+                node.last_access = now
+            return
         if self._base_policy_keys:
             for node in path:
                 if node.last_access != now:
@@ -505,9 +513,11 @@ class RadixTree:
 
     def _touch_mamba(self, node: TreeNode, now: int) -> None:
         """Stamp the checkpoint recency of ``node`` (if it holds one) and re-key it: with the base policy
-        only its checkpoint key reads the stamp. O(log n)."""
+        only its checkpoint key reads the stamp. O(log n); O(1) with the index's lazy stamps."""
         if node.mamba_slot is not None and node.mamba_last_access != now:
             node.mamba_last_access = now
+            if self._lazy_stamps:
+                return
             if self._base_policy_keys:
                 self.index.update_mamba_stamp(node)
             else:

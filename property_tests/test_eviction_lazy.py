@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twin_trees import GeneralPath, run_twins, tree_op_st
@@ -23,7 +24,7 @@ from twin_trees import GeneralPath, run_twins, tree_op_st
 from mamba_radix import CacheConfig, eviction
 from mamba_radix.config import EVICTION_ORDERS
 from mamba_radix.eviction import _KeySet
-from mamba_radix.tree import RadixTree
+from mamba_radix.tree import RadixKey, RadixTree
 
 
 @contextmanager
@@ -107,13 +108,13 @@ def _state(tree: RadixTree) -> tuple[object, ...]:
     )
 
 
-def _tree(config: CacheConfig, general: bool, lazy: bool) -> RadixTree:
-    saved = eviction.LAZY_REMOVAL
-    eviction.LAZY_REMOVAL = lazy
+def _tree(config: CacheConfig, general: bool, lazy: bool, lazy_stamps: bool = True) -> RadixTree:
+    saved = eviction.LAZY_REMOVAL, eviction.LAZY_STAMPS
+    eviction.LAZY_REMOVAL, eviction.LAZY_STAMPS = lazy, lazy_stamps
     try:
         return RadixTree(config, policy=GeneralPath() if general else None)
     finally:
-        eviction.LAZY_REMOVAL = saved
+        eviction.LAZY_REMOVAL, eviction.LAZY_STAMPS = saved
 
 
 @settings(deadline=None)
@@ -133,3 +134,44 @@ def test_lazy_index_trees_agree_with_eager_ones(
     assert lazy.index._full._lazy and not eager.index._full._lazy
     with _compact_min(1):
         run_twins(lazy, eager, ops, _state)
+
+
+@settings(deadline=None)
+@given(
+    order=st.sampled_from(EVICTION_ORDERS),
+    refresh=st.sampled_from(["node", "path"]),
+    lazy_removal=st.booleans(),
+    ops=st.lists(tree_op_st, max_size=40),
+)
+def test_lazy_stamps_trees_agree_with_eager_ones(
+    order: str, refresh: str, lazy_removal: bool, ops: list[tuple[str, object]]
+) -> None:
+    """A touch that only stamps (the entry re-keyed when it reaches the front) picks the same victims,
+    reports the same keys and orders, and passes the invariant checker, as re-keying at every touch."""
+    config = CacheConfig(
+        mamba_radix_cache_strategy="no_buffer", mamba_eviction_order=order, mamba_lru_refresh=refresh
+    )
+    lazy = _tree(config, False, lazy_removal, lazy_stamps=True)
+    eager = _tree(config, False, lazy_removal, lazy_stamps=False)
+    assert lazy.index.lazy_stamps and not eager.index.lazy_stamps
+    with _compact_min(1):
+        run_twins(lazy, eager, ops, _state)
+
+
+def test_lazy_stamps_defer_the_re_key_to_the_front() -> None:
+    """A matched leaf stays listed under its old key until it reaches the front; then it is re-keyed
+    and the next-oldest leaf goes first. A research policy's keys are never lazy."""
+    config = CacheConfig(mamba_radix_cache_strategy="no_buffer")
+    tree = _tree(config, False, True, lazy_stamps=True)
+    for i, tokens in enumerate(([1, 2], [3, 4], [5, 6])):
+        tree.insert(RadixKey(tokens), torch.arange(10 * i, 10 * i + 2), i + 1)
+    first = tree.index.first_full()
+    assert first is not None and first.key.tolist() == [1, 2]
+    listed = first.full_evict_key
+    tree.match(RadixKey([1, 2]))
+    assert first.full_evict_key == listed  # only the stamp moved
+    assert [n.key.tolist() for n in tree.index.full_candidates()] == [[3, 4], [5, 6], [1, 2]]
+    second = tree.index.first_full()
+    assert second is not None and second.key.tolist() == [3, 4]
+    assert first.full_evict_key == eviction.full_evict_key(first) != listed  # re-keyed at the front
+    assert not _tree(config, True, True, lazy_stamps=True).index.lazy_stamps
