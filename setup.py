@@ -10,7 +10,9 @@ compiled. It is optional: where no C compiler or Python headers are found the bu
 goes on, and :mod:`mamba_radix.tree` runs its pure-Python loop (the reference the compiled one is tested
 against). ``mamba_radix._ctokens`` (``mamba_radix/_ctokens.c``) is the request lifecycle's token-list check
 compiled, optional the same way (:mod:`mamba_radix.lifecycle` then runs its ``struct.pack`` check, the
-reference). An editable install (``pip install -e .``) builds both in place next to the sources.
+reference). ``mamba_radix._cstate`` (``mamba_radix/_cstate.c``) is the state pool's one-slot copy on the
+CPU, optional the same way (:class:`mamba_radix.pools.MambaPool` then copies through numpy, the reference).
+An editable install (``pip install -e .``) builds all three in place next to the sources.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -39,4 +41,10 @@ CTOKENS = Extension(
     optional=True,
 )
 
-setup(packages=packages_found(), ext_modules=[CWALK, CTOKENS])
+CSTATE = Extension(
+    "mamba_radix._cstate",
+    sources=["mamba_radix/_cstate.c"],
+    optional=True,
+)
+
+setup(packages=packages_found(), ext_modules=[CWALK, CTOKENS, CSTATE])

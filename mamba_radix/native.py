@@ -1,5 +1,5 @@
-"""The one switch for the optional C extensions (``mamba_radix/_cwalk.c``, the tree's walk loop, and
-``mamba_radix/_ctokens.c``, the prompt check).
+"""The one switch for the optional C extensions (``mamba_radix/_cwalk.c``, the tree's walk loop,
+``mamba_radix/_ctokens.c``, the prompt check, and ``mamba_radix/_cstate.c``, the one-slot state copy).
 
 ``MAMBA_RADIX_C=0`` in the environment at import makes every compiled path fall back to its pure-Python
 reference (the same results, more slowly); ``1``, the default, uses each extension that was built.

@@ -39,6 +39,7 @@ transformers = pytest.importorskip(
 
 from mamba_radix import CacheConfig, buffers, state_ops  # noqa: E402
 from mamba_radix.pools import TokenToKVPoolAllocator  # noqa: E402
+from mamba_radix.pools import mamba_pool as mamba_pool_mod  # noqa: E402
 from mamba_radix.reference_engine import LOGIT_ATOL, tiny_model  # noqa: E402
 from mamba_radix.reference_engine.engine import (  # noqa: E402
     ReferenceEngine,
@@ -372,7 +373,12 @@ def _plant(monkeypatch, family: str, strategy: str, bug: str) -> dict[str, int]:
         def no_copy(tensors, src, dst, **kwargs):
             calls["changes"] += 1
 
+        def no_copy_row(views, src, dst):  # the compiled one-slot copy on the CPU: "done", nothing written
+            calls["changes"] += 1
+            return True
+
         monkeypatch.setattr(state_ops, "copy_slots", no_copy)
+        monkeypatch.setattr(mamba_pool_mod, "_c_copy_row", no_copy_row)
     return planted
 
 

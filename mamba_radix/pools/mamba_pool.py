@@ -19,6 +19,7 @@ import torch
 
 from mamba_radix import state_ops
 from mamba_radix.errors import InvalidArgument
+from mamba_radix.native import compiled_paths_enabled
 from mamba_radix.pools._indices import (
     IndexLike,
     allocate_tensor,
@@ -32,6 +33,15 @@ from mamba_radix.pools.capacity_limit import CapacityLimit
 from mamba_radix.pools.free_list import make_free_list
 
 __all__ = ["MambaPool"]
+
+try:  # the compiled slot copy: optional (setup.py builds it where a C compiler is found)
+    from mamba_radix._cstate import copy_row as _c_copy_row
+except ImportError:  # not built (no compiler at install time) or built for another Python
+    _c_copy_row = None
+
+# Whether copy_from's trusted one-slot copy tries the compiled copy when it imported (False: always the
+# reference; tests set it to compare the two). MAMBA_RADIX_C=0 at import sets it (mamba_radix.native).
+_C_STATE_COPY = compiled_paths_enabled()
 
 
 def _check_shape(shape: object, what: str) -> tuple[int, ...]:
@@ -225,10 +235,17 @@ class MambaPool(CapacityLimit):
         """
         if not check:
             if type(src_slots) is list and type(dst_slots) is list and len(src_slots) == len(dst_slots) == 1:
-                # one slot by host ints through state_ops' trusted path, with the cached byte views
-                state_ops.copy_slots(
-                    self.tensors, src_slots, dst_slots, check=False, host_views=self._host_byte_views()
-                )
+                # one slot by host ints: on the CPU one memcpy per layer in C (mamba_radix/_cstate.c),
+                # else (not built, off the CPU, not handled) state_ops' trusted path, the reference
+                views = self._host_byte_views()
+                if (
+                    views is not None
+                    and _C_STATE_COPY
+                    and _c_copy_row is not None
+                    and _c_copy_row(views, src_slots[0], dst_slots[0])
+                ):
+                    return
+                state_ops.copy_slots(self.tensors, src_slots, dst_slots, check=False, host_views=views)
                 return
             src_t = torch.as_tensor(src_slots, dtype=torch.int64, device=self.device)
             dst_t = torch.as_tensor(dst_slots, dtype=torch.int64, device=self.device)
