@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from headroom import MODEL, Runner, gap_share
+from headroom import MODEL, Runner, gap_share, table_head
 
 from mamba_radix.data import definition_path, trace_path
 from mamba_radix.experiment import Workload, base_config, load_policy_definition, load_requests, memory_points
@@ -81,13 +81,20 @@ def mean_slots(result: dict[str, Any], start: int) -> float:
 
 
 def conversation_table(runner: Runner, longest: int) -> tuple[list[str], list[dict[str, Any]]]:
-    lines = [
-        f"### Conversation, first {len(runner.requests):,} requests: fixed splits against the adaptive split",
-        "",
-        "| budget | policy | fixed (named split) | best fixed (slots) | adaptive | adaptive's mean / last slots "
-        "| oracle (named split) | oracle, adaptive | adaptive's share of the fixed -> oracle gap |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head(
+        f"Conversation, first {len(runner.requests):,} requests: fixed splits against the adaptive split",
+        [
+            "budget",
+            "policy",
+            "fixed (named split)",
+            "best fixed (slots)",
+            "adaptive",
+            "adaptive's mean / last slots",
+            "oracle (named split)",
+            "oracle, adaptive",
+            "adaptive's share of the fixed -> oracle gap",
+        ],
+    )
     curves: list[dict[str, Any]] = []
     for kv, slots in CONVERSATION_BUDGETS:
         b = budget(kv, slots)
@@ -122,12 +129,10 @@ def conversation_table(runner: Runner, longest: int) -> tuple[list[str], list[di
 
 
 def synthetic_table(workloads: Sequence[Workload], runners: dict[str, Runner]) -> list[str]:
-    lines = [
-        "### Synthetic workloads: budgets of the main job's points (KV point + slot point), fixed against adaptive",
-        "",
-        "| workload | policy | budgets | adaptive higher | equal | lower | mean change | worst change |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head(
+        "Synthetic workloads: budgets of the main job's points (KV point + slot point), fixed against adaptive",
+        ["workload", "policy", "budgets", "adaptive higher", "equal", "lower", "mean change", "worst change"],
+    )
     for w in workloads:
         runner = runners[w.name]
         points = memory_points(w, runner.requests, MODEL)

@@ -49,6 +49,12 @@ def gap_share(value: float, base: float, best: float) -> str:
     return f"{(value - base) / (best - base):.2f}" if best - base > 1e-9 else "-"
 
 
+def table_head(title: str, columns: Sequence[str]) -> list[str]:
+    """A report table's first lines: its ``###`` heading, a blank line, the header row and the separator
+    (one ``---`` per column, so the two always agree)."""
+    return [f"### {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 class Runner:
     """Runs policies on one workload's requests, sharing the infinite-capacity pre-pass between runs."""
 
@@ -77,13 +83,10 @@ def target_table(runner: Runner) -> list[str]:
     config = base_config()
     every_token = sum(r.input_len + r.output_len for r in requests) + 1
     ample_slots = 3 * len(requests) + 2 * config.slots_per_request
-    lines = [
-        f"### Target points: first {len(requests):,} conversation requests, {TARGET_KV_TOKENS:,} KV tokens",
-        "",
-        "| slots | sglang-0.5.23 | sift | oracle-death | oracle | death's share of the gap | sift, only slots bind "
-        "| sift, only KV binds |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head(
+        f"Target points: first {len(requests):,} conversation requests, {TARGET_KV_TOKENS:,} KV tokens",
+        ["slots", *POLICIES, "death's share of the gap", "sift, only slots bind", "sift, only KV binds"],
+    )
     for slots in TARGET_SLOTS:
         pools = exact_pools(config, TARGET_KV_TOKENS, slots, MODEL)
         got = {p: runner.hit_rate(p, pools) for p in POLICIES}
@@ -96,12 +99,10 @@ def target_table(runner: Runner) -> list[str]:
 
 
 def kv_binds_table(workloads: Sequence[Workload], runners: dict[str, Runner]) -> list[str]:
-    lines = [
-        "### The main job's KV-binds points (slots ample)",
-        "",
-        "| workload | KV tokens | sglang-0.5.23 | sift | oracle-death | oracle | death's share | sift's share |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head(
+        "The main job's KV-binds points (slots ample)",
+        ["workload", "KV tokens", *POLICIES, "death's share", "sift's share"],
+    )
     for w in workloads:
         runner = runners[w.name]
         for pools in memory_points(w, runner.requests, MODEL)["KV binds"]:

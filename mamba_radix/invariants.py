@@ -104,6 +104,7 @@ def check_tree_invariants(tree: RadixTree) -> None:
     full_keys: list[tuple[int, ...]] = []
     mamba_keys: list[tuple[int, ...]] = []
     num_slots = 0
+    index = tree.index
     for node in tree.nodes():
         _check_node(tree, node, ids)
         if node.is_root:
@@ -114,7 +115,6 @@ def check_tree_invariants(tree: RadixTree) -> None:
             sizes[2 if node.mamba_lock_ref == 0 else 3] += 1
         want_full = tree.policy.full_key(node) if is_full_candidate(node) else None
         want_mamba = tree.policy.mamba_key(node) if is_mamba_candidate(node) else None
-        index = tree.index
         if not (
             index.is_listed_under(node, node.full_evict_key, want_full)
             and index.is_listed_under(node, node.mamba_evict_key, want_mamba)

@@ -15,9 +15,9 @@ Which walk runs: a walk with page size 1 and no namespace (the common case) take
 runs compiled (``mamba_radix._cwalk``, built from ``mamba_radix/_cwalk.c`` by ``pip install``) when the
 extension imported, because on a large tree the Python loop's interpreter work per node dominates a match;
 the compiled loop compares in the key's own buffer, so it copies nothing and takes keys of any length.
-Else (not built, ``MAMBA_RADIX_C=0`` at import, see :mod:`mamba_radix.native`, or :data:`_C_WALK` set to False) a key that fits the
-scratch buffer takes the pure-Python :func:`_walk_in_scratch`, the reference (a property test checks the
-two agree). The extension is optional: a machine without a C compiler installs without it and gets the
+Else (not built, ``MAMBA_RADIX_C=0`` at import, see :mod:`mamba_radix.native`, or :data:`_C_WALK` set to
+False) a key that fits the scratch buffer takes the pure-Python :func:`_walk_in_scratch`, the reference (a
+property test checks the two agree). The extension is optional: a machine without a C compiler installs without it and gets the
 Python loops, with the same results. Every other walk takes the general loop in
 :meth:`RadixTree._walk_tokens`.
 """

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,9 @@ from twin_trees import GeneralPath, run_twins, tree_op_st
 
 from mamba_radix import CacheConfig, eviction
 from mamba_radix.config import EVICTION_ORDERS
+from mamba_radix.errors import InvariantError
 from mamba_radix.eviction import _KeySet
+from mamba_radix.invariants import check_tree_invariants
 from mamba_radix.tree import RadixKey, RadixTree
 
 
@@ -170,3 +173,24 @@ def test_lazy_stamps_defer_the_re_key_to_the_front() -> None:
     assert second is not None and second.key.tolist() == [3, 4]
     assert first.full_evict_key == eviction.full_evict_key(first) != listed  # re-keyed at the front
     assert not _tree(config, True, True, lazy_stamps=True).index.lazy_stamps
+
+
+def test_the_checker_accepts_only_an_older_listed_key() -> None:
+    """Under lazy stamps a node may be listed under an older, smaller key of its own; the invariant checker
+    accepts that, and refuses a listed key that is larger than the current one or another node's."""
+    config = CacheConfig(mamba_radix_cache_strategy="no_buffer")
+    tree = _tree(config, False, True, lazy_stamps=True)
+    for i, tokens in enumerate(([1, 2], [3, 4])):
+        tree.insert(RadixKey(tokens), torch.arange(10 * i, 10 * i + 2), i + 1)
+    tree.match(RadixKey([1, 2]))  # the leaf's stamp moves; its listed key does not
+    leaf = next(n for n in tree.nodes() if n.key.tolist() == [1, 2])
+    other = next(n for n in tree.nodes() if n.key.tolist() == [3, 4])
+    assert leaf.full_evict_key != eviction.full_evict_key(leaf)
+    check_tree_invariants(tree)  # older and smaller: accepted
+    listed = leaf.full_evict_key
+    for bad in ((listed[0] + 100, *listed[1:]), other.full_evict_key):  # larger; another node's id
+        leaf.full_evict_key = bad
+        with pytest.raises(InvariantError, match="invariant 5"):
+            check_tree_invariants(tree)
+    leaf.full_evict_key = listed
+    check_tree_invariants(tree)
