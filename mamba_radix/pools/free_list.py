@@ -28,10 +28,16 @@ Two implementations with one behaviour (a differential test drives them side by 
   allocators' per-call cost is nothing but such small calls. It is independent of
   ``torch.get_num_threads()`` (numpy runs these on one thread).
 
-:func:`make_free_list` picks one by device.
+And one for the state pool on the CPU, :class:`FifoFreeList`: without ``need_sort`` a merge only
+concatenates, in the order of the frees, so the free list is a FIFO queue (SGLang's ``MambaPool`` appends
+freed slots to its free tensor); this one keeps it as a queue of Python ints and never merges.
+
+:func:`make_free_list` picks one by device (and ``backend``).
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 import torch
@@ -46,7 +52,7 @@ from mamba_radix.pools._indices import (
     check_no_duplicates,
 )
 
-__all__ = ["FreeList", "HostFreeList", "make_free_list"]
+__all__ = ["FifoFreeList", "FreeList", "HostFreeList", "make_free_list"]
 
 # A need_sort merge of a free list this large (relative to the pool) reads the bitmap instead of sorting:
 # the free ids in ascending order are exactly the unset bits, an O(num_ids) scan that beats sorting once
@@ -720,13 +726,125 @@ class FreeListBatching:
         self._free_list.merge()
 
 
+class FifoFreeList(HostFreeList):
+    """:class:`HostFreeList` without ``need_sort``, kept as one FIFO queue of Python ints: for the state
+    pool, whose allocations and frees are a few slots each.
+
+    Without ``need_sort`` a merge concatenates the rest of the buffer and the freed chunks in the order
+    they were freed (an open group's last), so every ``alloc`` hands out the ids in the order they became
+    free: exactly a queue, which this class keeps built instead of merging. Why: the state pool, nearly
+    full of checkpoints, merges on about every second one-slot allocation, and a merge builds a numpy
+    array (~1 us warm, ~10 us with cold CPU caches, as when the calls interleave with other work); here an
+    allocation is a ``popleft`` and a bitmap store.
+
+    The same ids in the same order as :class:`HostFreeList` (``property_tests/test_pools_fifo_free_list.py``
+    replays both), the same checks (inherited: the bitmap and the scratch are the same tensors). What
+    differs is only what is visible of the representation: nothing is ever pending, so ``release_pages``
+    is empty and ``free_pages`` lists every free id; ``merge`` and the free groups change nothing (a
+    group's frees are queued as they come, which is where its concatenation would put them).
+    ``undo_alloc`` is exact for the most recent ``alloc`` (the ids go back to the front) unless ``merge``
+    ran since, else a checked ``free``. O(k) per call, in Python: not for allocations of thousands of ids (the token pools).
+    """
+
+    def __init__(self, num_ids: int, device: torch.device, what: str) -> None:
+        super().__init__(num_ids, device, False, what)
+        # The bitmap's memory is a bytearray, with the tensor and the numpy array as views of it: the
+        # per-slot reads and writes go through the bytearray (a store in CPython's core; numpy's scalar
+        # __setitem__ costs ~4 us more with cold caches), the checks over many ids through the views.
+        self._flags = bytearray(num_ids + 2)
+        self.allocated = torch.frombuffer(self._flags, dtype=torch.bool)
+        self._alloc_np = np.frombuffer(self._flags, dtype=np.bool_)
+
+    def clear(self) -> None:
+        self._queue: deque[int] = deque(range(1, self.num_ids + 1))
+        self._last_taken: list[int] | None = None  # the most recent alloc's ids (undo_alloc's test)
+        self.allocated.zero_()
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """Every free id, in the order ``alloc`` hands them out (a new tensor). O(free ids)."""
+        return torch.tensor(list(self._queue), dtype=torch.int64)
+
+    @property
+    def available(self) -> int:
+        return len(self._queue)
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """Always empty: a freed id joins the queue at once."""
+        return torch.empty(0, dtype=torch.int64)
+
+    def alloc(self, num_ids: int) -> torch.Tensor | None:
+        """As :meth:`FreeList.alloc`, as a new tensor (not a view of any buffer). O(num_ids)."""
+        ids = self.alloc_ints(num_ids)
+        return None if ids is None else torch.tensor(ids, dtype=torch.int64)
+
+    def alloc_ints(self, num_ids: int) -> list[int] | None:
+        """As :meth:`FreeList.alloc_ints`: ``num_ids`` ids from the front of the queue, or ``None`` and
+        nothing taken. O(num_ids)."""
+        queue = self._queue
+        if num_ids > len(queue):
+            return None
+        if num_ids == 1:  # one popleft, one byte stored
+            i = queue.popleft()
+            self._flags[i] = 1
+            self._last_taken = [i]
+            return [i]
+        ids = [queue.popleft() for _ in range(num_ids)]
+        self._alloc_np[ids] = True
+        self._last_taken = ids[:]  # the caller may change its list
+        return ids
+
+    def undo_alloc(self, ids: torch.Tensor) -> None:
+        """As :meth:`FreeList.undo_alloc`: the most recent ``alloc``'s ids go back to the front, in order
+        (frees since then stay behind them, as in :class:`HostFreeList`); other ids are freed, checked."""
+        if ids.numel() == 0:
+            return
+        vals = ids.tolist()
+        if vals == self._last_taken:
+            self._last_taken = None
+            self._alloc_np[vals] = False
+            self._queue.extendleft(reversed(vals))
+            return
+        self.free(ids, check=True)
+
+    def is_id_allocated(self, i: int) -> bool:
+        return 0 < i <= self.num_ids and self._flags[i] == 1
+
+    def _py_all_allocated(self, vals: list[int]) -> bool:
+        flags, high = self._flags, self.num_ids
+        return all(0 < v <= high and flags[v] for v in vals)
+
+    def _py_release(self, vals: list[int]) -> None:
+        flags = self._flags
+        for v in vals:
+            flags[v] = 0
+        self._queue.extend(vals)
+
+    def _park(self, chunk: object, count: int) -> None:
+        # every other free ends here, its checks done and its bits cleared: the ids join the queue's back
+        self._queue.extend(chunk if type(chunk) is list else chunk.tolist())  # type: ignore[attr-defined]
+
+    def merge(self) -> None:
+        """Nothing to merge: freed ids are queued as they come. As on the host (a merge rebuilds its
+        buffer), a later ``undo_alloc`` is then a checked free. O(1)."""
+        self._last_taken = None
+
+    def free_group_begin(self) -> None:
+        """Nothing to collect: a group's frees are queued in order, where its concatenation would go."""
+
+    def free_group_end(self) -> None:
+        """See :meth:`free_group_begin`."""
+
+
 def make_free_list(
     num_ids: int, device: torch.device, need_sort: bool, what: str, backend: str = "auto"
 ) -> FreeList:
     """A free list for ``device``: :class:`HostFreeList` on CPU, :class:`FreeList` elsewhere.
 
     ``backend="torch"`` forces the device implementation (tests run it on CPU to cover the GPU path);
-    ``"host"`` forces the numpy one (CPU only).
+    ``"host"`` forces the numpy one (CPU only); ``"fifo"`` the queue (CPU, without ``need_sort``; the state
+    pool's choice on the CPU, see :class:`FifoFreeList`).
     """
     if backend == "auto":
         backend = "host" if device.type == "cpu" else "torch"
@@ -734,4 +852,8 @@ def make_free_list(
         return HostFreeList(num_ids, device, need_sort, what)
     if backend == "torch":
         return FreeList(num_ids, device, need_sort, what)
-    raise InvalidArgument(f"backend must be 'auto', 'host' or 'torch', got {backend!r}")
+    if backend == "fifo":
+        if need_sort:
+            raise InvalidArgument("backend='fifo' keeps ids in the order they were freed; it cannot sort")
+        return FifoFreeList(num_ids, device, what)
+    raise InvalidArgument(f"backend must be 'auto', 'host', 'torch' or 'fifo', got {backend!r}")

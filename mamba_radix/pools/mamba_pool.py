@@ -66,7 +66,8 @@ class MambaPool(CapacityLimit):
     ``[num_layers, size + 1, *temporal_shape]`` in ``temporal_dtype``. ``bytes_per_slot`` is exact: the
     bytes one slot occupies over all layers, conv and temporal (``conv_bytes_per_slot`` +
     ``temporal_bytes_per_slot``). Slot handling is O(k) per call; the free list never sorts.
-    ``backend``: the free list implementation, as for :class:`TokenToKVPoolAllocator`.
+    ``backend``: the free list implementation, as for :class:`TokenToKVPoolAllocator`, plus ``"fifo"``
+    (:class:`~mamba_radix.pools.free_list.FifoFreeList`), which ``"auto"`` picks on the CPU.
     """
 
     def __init__(
@@ -140,6 +141,8 @@ class MambaPool(CapacityLimit):
             self.num_layers * math.prod(self.temporal_shape) * item(self.temporal_dtype)
         )
         self.bytes_per_slot = self.conv_bytes_per_slot + self.temporal_bytes_per_slot
+        if backend == "auto" and self.device.type == "cpu":
+            backend = "fifo"  # the queue: its order is the numpy list's, without its merges
         self._free_list = make_free_list(self.size, self.device, False, "state slot", backend)
         self._byte_sources: list[torch.Tensor] = []
         self._byte_views: list = []  # CPU: numpy uint8 views [layers, rows, bytes] of the tensors
@@ -200,7 +203,8 @@ class MambaPool(CapacityLimit):
         :meth:`undo_alloc` takes them as a tensor). On a CPU pool no tensor is built: ~0.5 us for one
         slot where ``alloc(1).tolist()`` costs ~2.5 us. One method for both forms, so that every slot
         allocation passes through this one call (the fault-injection tests wrap it)."""
-        check_count(num_slots, "num_slots")
+        if type(num_slots) is not int or num_slots < 0:  # the common case without a call
+            check_count(num_slots, "num_slots")
         if self.withheld and num_slots > self.available_size():
             return None
         if as_list:
