@@ -1,9 +1,9 @@
 /* One state slot copied into another in C: the compiled fast path of the trusted single-slot copy in
  * mamba_radix.pools.mamba_pool.MambaPool.copy_from (a copy-on-write at admission, a hand-over's copy).
  *
- * One function, copy_row(views, src, dst) -> bool. `views` is the pool's list of numpy uint8 byte views
- * of its CPU state tensors (MambaPool._host_byte_views): each C-contiguous and writable, [rows, bytes]
- * for one layer or [layers, rows, bytes]. It copies row `src` over row `dst` in every view (per layer)
+ * One function, copy_row(views, src, dst) -> bool. `views` is a list of byte buffers of the pool's CPU
+ * state tensors: the pool passes memoryviews of its numpy uint8 views (MambaPool._byte_buffers, beside
+ * _host_byte_views), each C-contiguous and writable, [rows, bytes] for one layer or [layers, rows, bytes]. It copies row `src` over row `dst` in every view (per layer)
  * and returns True. Anything outside that contract (`views` not an exact list, an item without a
  * C-contiguous writable byte buffer of 2 or 3 dimensions, a slot that is not an exact int, a slot outside
  * [0, rows) of some view) returns False before anything is written: "not handled", and the caller runs
@@ -17,8 +17,8 @@
  * admission that hits.
  *
  * Why nothing can change between the check and the copy: every buffer is exported (and so pinned) before
- * the first byte is written, and no Python code runs meanwhile (numpy's buffer export is C). src == dst
- * copies nothing (the row already holds itself). Side effects: writes row dst of every view. Errors:
+ * the first byte is written, and no Python code runs meanwhile (a memoryview's or a numpy array's buffer
+ * export is C). src == dst copies nothing (the row already holds itself). Side effects: writes row dst of every view. Errors:
  * none of its own (MemoryError only if more than MAX_VIEWS views would need a heap array: then False).
  * O(views * layers + bytes copied).
  */

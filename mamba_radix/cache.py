@@ -439,7 +439,7 @@ class MambaRadixCache(RequestLifecycle):
                 return False
             dst = req.mamba_pool_idx = slots[0]
         assert node.mamba_slot is not None
-        self.mamba_pool.copy_from([node.mamba_slot], [dst], check=False)  # our checkpoint, its own slot
+        self.mamba_pool.copy_slot(node.mamba_slot, dst)  # trusted: our checkpoint, the request's own slot
         req.mamba_cow_src_slot = node.mamba_slot
         self.stats.state_copies += 1
         return True

@@ -603,7 +603,7 @@ class RequestLifecycle:
         tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot, check)
         if copy:
             assert req.mamba_pool_idx is not None
-            self.mamba_pool.copy_from([req.mamba_pool_idx], [tree_slot], check=False)  # a fresh slot
+            self.mamba_pool.copy_slot(req.mamba_pool_idx, tree_slot)  # trusted: the request's, a fresh slot
             self.stats.state_copies += 1
         protected = req.cache_protected_len
         old = req.last_node

@@ -145,9 +145,9 @@ def fingerprint(tokens: Sequence[int] | np.ndarray) -> int:
 
 def _stamped_tensors(pool: _StateTensors) -> list[torch.Tensor]:
     conv, temporal = getattr(pool, "conv", None), getattr(pool, "temporal", None)
-    if not isinstance(conv, list) or not isinstance(temporal, torch.Tensor):
+    if not isinstance(conv, (list, tuple)) or not isinstance(temporal, torch.Tensor):
         raise InvalidArgument(
-            f"pool must have a conv tensor list and a temporal tensor (a MambaPool), got {type(pool).__name__}"
+            f"pool must have a sequence of conv tensors and a temporal tensor (a MambaPool), got {type(pool).__name__}"
         )
     tensors = [t for t in [*conv, temporal] if t[0, 0].numel() * t.element_size() >= _STAMP_BYTES]
     if not tensors:

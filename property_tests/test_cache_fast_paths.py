@@ -26,7 +26,7 @@ def test_trusted_slot_copy_writes_what_the_checked_copy_writes(layers: int, monk
     """numpy byte views (CPU) and host-int torch indexing (the device path, forced here) give the checked
     state_ops copy's bytes, NaN payloads and all."""
     results = []
-    for path in ("checked", "views", "torch"):
+    for path in ("checked", "views", "copy_slot", "torch"):
         pool = MambaPool(6, layers, [(8,), (3, 4)], (2, 5), conv_dtypes=[torch.bfloat16, torch.float16])
         gen = torch.Generator().manual_seed(7)
         for t in pool.tensors:
@@ -34,15 +34,20 @@ def test_trusted_slot_copy_writes_what_the_checked_copy_writes(layers: int, monk
         src, dst = (int(s) for s in pool.alloc(2))
         if path == "checked":
             pool.copy_from([src], [dst])
+        elif path == "copy_slot":
+            pool.copy_slot(src, dst)
         else:
             if path == "torch":
                 monkeypatch.setattr(pool, "_host_byte_views", lambda: None)
             pool.copy_from([src], [dst], check=False)
         results.append(_bits(pool))
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
 
 
 def test_trusted_slot_copy_follows_replaced_tensors() -> None:
+    """The byte views are built once per set of tensors: replacing the temporal tensor or the conv
+    tensors drops them, and the next copy writes into the new tensors; an item of ``conv`` cannot be
+    replaced unseen (a tuple)."""
     pool = MambaPool(4, 1, [(8,)], (4,))
     a, b = (int(s) for s in pool.alloc(2))
     pool.copy_from([a], [b], check=False)  # builds the views
@@ -50,6 +55,12 @@ def test_trusted_slot_copy_follows_replaced_tensors() -> None:
     pool.temporal[0, a] = 5.0
     pool.copy_from([a], [b], check=False)
     assert pool.temporal[0, b].tolist() == [5.0] * 4
+    pool.conv = [torch.zeros_like(pool.conv[0])]
+    pool.conv[0][0, a] = 3.0
+    pool.copy_slot(a, b)
+    assert pool.conv[0][0, b].tolist() == [3.0] * 8
+    with pytest.raises(TypeError):
+        pool.conv[0] = torch.zeros_like(pool.conv[0])  # type: ignore[index]
 
 
 @pytest.mark.parametrize("backend", ["host", "torch"])

@@ -90,11 +90,11 @@ def cow_skips_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     original = MambaRadixCache._copy_on_write
 
     def mutant(self: MambaRadixCache, req, node) -> bool:
-        self.mamba_pool.copy_from = lambda src, dst, check=True: None  # type: ignore[method-assign]
+        self.mamba_pool.copy_slot = lambda src, dst: None  # type: ignore[method-assign]
         try:
             return original(self, req, node)
         finally:
-            del self.mamba_pool.copy_from  # back to the class's method
+            del self.mamba_pool.copy_slot  # back to the class's method
 
     monkeypatch.setattr(MambaRadixCache, "_copy_on_write", mutant)
 

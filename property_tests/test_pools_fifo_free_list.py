@@ -57,7 +57,11 @@ class FifoAgainstHost(RuleBasedStateMachine):
         if not self.held:
             return
         ids = data.draw(st.lists(st.sampled_from(self.held), min_size=1, unique=True))
-        free = (lambda fl: fl.free_ints(list(ids), check)) if as_ints else (lambda fl: fl.free(torch.tensor(ids), check))
+        free = (
+            (lambda fl: fl.free_ints(list(ids), check))
+            if as_ints
+            else (lambda fl: fl.free(torch.tensor(ids), check))
+        )
         assert self.both(free)[0] == "ok"
         self.held = [i for i in self.held if i not in ids]
         if self.last is not None and set(ids) & set(self.last):

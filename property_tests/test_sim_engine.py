@@ -129,7 +129,7 @@ def test_a_hit_that_skips_its_copy_is_caught() -> None:
     """The stamp check is real: a copy-on-write that copies nothing leaves a zero live slot."""
     config = CacheConfig(**SMALL, mamba_radix_cache_strategy="extra_buffer")
     engine = Engine(config, pools(), 40, EngineOptions(mode="sequential"))
-    engine.mamba_pool.copy_from = lambda src, dst, check=True: None  # type: ignore[method-assign]
+    engine.mamba_pool.copy_slot = lambda src, dst: None  # type: ignore[method-assign]  # the copy-on-write's copy
     with pytest.raises(StateMismatchError, match="should hold 8 tokens"):
         engine.run([req(0, PROMPT, [1, 2]), req(1, PROMPT, [3, 4])])
 

@@ -116,7 +116,9 @@ class MambaPool(CapacityLimit):
             )
         )
         check_fits(self.device, total, f"a state pool of {size} slots")
-        self.conv: list[torch.Tensor] = [
+        self._byte_views: list | None = None  # CPU: numpy uint8 views of the tensors (see _host_byte_views)
+        self._byte_buffers: list[memoryview] | None = None  # the same views as memoryviews (set together)
+        self.conv = [
             allocate_tensor(
                 "the conv state",
                 torch.zeros,
@@ -144,30 +146,47 @@ class MambaPool(CapacityLimit):
         if backend == "auto" and self.device.type == "cpu":
             backend = "fifo"  # the queue: its order is the numpy list's, without its merges
         self._free_list = make_free_list(self.size, self.device, False, "state slot", backend)
-        self._byte_sources: list[torch.Tensor] = []
-        self._byte_views: list = []  # CPU: numpy uint8 views [layers, rows, bytes] of the tensors
+
+    # The state tensors are properties so that replacing one (a pool that reallocates on reset) drops the
+    # byte views built over the old ones; ``conv`` is a tuple, so no item can be replaced unseen.
+    @property
+    def conv(self) -> tuple[torch.Tensor, ...]:
+        """The conv state tensors, one per conv shape (a tuple: assign a new sequence to replace them)."""
+        return self._conv
+
+    @conv.setter
+    def conv(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._conv = tuple(tensors)
+        self._byte_views = self._byte_buffers = None
+
+    @property
+    def temporal(self) -> torch.Tensor:
+        """The temporal (SSM) state tensor."""
+        return self._temporal
+
+    @temporal.setter
+    def temporal(self, tensor: torch.Tensor) -> None:
+        self._temporal = tensor
+        self._byte_views = self._byte_buffers = None
 
     def _host_byte_views(self) -> list | None:
         """numpy ``uint8`` views sharing memory with the CPU state tensors, one per tensor: ``[rows,
-        bytes]`` for a single layer, else ``[layers, rows, bytes]`` (rebuilt if a tensor was replaced);
-        ``None`` off the CPU or for a tensor that is not dense. A slot copy through them is one memcpy
-        per tensor (~0.4 us) where a torch index copy costs ~10 us on these tiny tensors. O(tensors)."""
-        sources = self._byte_sources
-        conv, temporal = self.conv, self.temporal
-        if sources and temporal is sources[-1] and len(conv) + 1 == len(sources):
-            # a loop, not all(genexpr): this runs per slot copy
-            for a, b in zip(conv, sources, strict=False):
-                if a is not b:
-                    break
-            else:
-                return self._byte_views
-        if self.device.type != "cpu" or not all(t.is_contiguous() for t in (*conv, temporal)):
+        bytes]`` for a single layer, else ``[layers, rows, bytes]``, built once per set of tensors (with
+        :attr:`_byte_buffers`, the same as memoryviews); ``None`` off the CPU or for a tensor that is not
+        dense. A slot copy through them is one memcpy per tensor (~0.4 us) where a torch index copy costs
+        ~10 us on these tiny tensors. O(1) once built, O(tensors) to build."""
+        if self._byte_views is not None:
+            return self._byte_views
+        tensors = self.tensors
+        if self.device.type != "cpu" or not all(t.is_contiguous() for t in tensors):
             return None
         views = []
-        for t in (*conv, temporal):
+        for t in tensors:
             v = t.view(torch.uint8).view(t.shape[0], t.shape[1], -1).numpy()
             views.append(v[0] if t.shape[0] == 1 else v)
-        self._byte_sources, self._byte_views = [*conv, temporal], views
+        # the same memory as memoryviews, for the compiled copy: exporting a memoryview's buffer is a
+        # struct copy in CPython's core, where numpy's export runs numpy code (~2 us more with cold caches)
+        self._byte_views, self._byte_buffers = views, [memoryview(v) for v in views]
         return views
 
     # ----------------------------------------------------------------------------------------- sizes
@@ -239,17 +258,8 @@ class MambaPool(CapacityLimit):
         """
         if not check:
             if type(src_slots) is list and type(dst_slots) is list and len(src_slots) == len(dst_slots) == 1:
-                # one slot by host ints: on the CPU one memcpy per layer in C (mamba_radix/_cstate.c),
-                # else (not built, off the CPU, not handled) state_ops' trusted path, the reference
-                views = self._host_byte_views()
-                if (
-                    views is not None
-                    and _C_STATE_COPY
-                    and _c_copy_row is not None
-                    and _c_copy_row(views, src_slots[0], dst_slots[0])
-                ):
-                    return
-                state_ops.copy_slots(self.tensors, src_slots, dst_slots, check=False, host_views=views)
+                # the class's copy_slot, not an override: a subclass counting copy_from's copies counts once
+                MambaPool.copy_slot(self, src_slots[0], dst_slots[0])
                 return
             src_t = torch.as_tensor(src_slots, dtype=torch.int64, device=self.device)
             dst_t = torch.as_tensor(dst_slots, dtype=torch.int64, device=self.device)
@@ -264,6 +274,27 @@ class MambaPool(CapacityLimit):
         self._free_list.check_unique(dst, "a destination may be written once per copy")
         if dst.numel():
             state_ops.copy_slots(self.tensors, src, dst)
+
+    def copy_slot(self, src_slot: int, dst_slot: int) -> None:
+        """``state[dst_slot] = state[src_slot]``, trusted: two host ints, both allocated (the cache copying
+        a checkpoint it holds into a slot it just allocated, or the reverse at a hand-over). No checks,
+        no host sync: a bad slot corrupts the state silently (use :meth:`copy_from` to have it checked).
+        On the CPU one memcpy per tensor and layer in C (``mamba_radix/_cstate.c``); otherwise (not built,
+        off the CPU, ``MAMBA_RADIX_C=0``) :mod:`~mamba_radix.state_ops`' trusted path, the reference.
+        Side effect: overwrites ``dst_slot``. O(bytes_per_slot)."""
+        buffers = self._byte_buffers
+        if buffers is None and self._host_byte_views() is not None:  # built once per set of tensors
+            buffers = self._byte_buffers
+        if (
+            buffers is not None
+            and _C_STATE_COPY
+            and _c_copy_row is not None
+            and _c_copy_row(buffers, src_slot, dst_slot)
+        ):
+            return
+        state_ops.copy_slots(
+            self.tensors, [src_slot], [dst_slot], check=False, host_views=self._host_byte_views()
+        )
 
     def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
         """Allocate ``num_slots`` slots holding copies of ``src_slot``, or ``None`` and nothing taken.

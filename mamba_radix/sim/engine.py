@@ -179,6 +179,11 @@ class _CountingMambaPool(MambaPool):
         )
         self.copy_calls += 1
 
+    def copy_slot(self, src_slot: int, dst_slot: int) -> None:
+        super().copy_slot(src_slot, dst_slot)
+        self.copied_slots += 1
+        self.copy_calls += 1
+
     def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
         out = super().fork(src_slot, num_slots)
         if out is not None:

@@ -160,7 +160,7 @@ class StampIO:
     def _refresh(self) -> None:
         """Rebuild the byte views if the pool's tensors are not the ones they were made from. O(tensors)."""
         conv, temporal = getattr(self.pool, "conv", None), getattr(self.pool, "temporal", None)
-        if not isinstance(conv, list) or not isinstance(temporal, torch.Tensor):
+        if not isinstance(conv, (list, tuple)) or not isinstance(temporal, torch.Tensor):
             raise InvalidArgument(
                 f"StampIO needs a pool with conv tensors and a temporal tensor, got {type(self.pool).__name__}"
             )
