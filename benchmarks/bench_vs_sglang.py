@@ -44,7 +44,7 @@ The trace replay's turns (``--interleave N``, default 50) decide what a call fin
 turns of 50 each cache replays its own requests warm, as the issue's sequential replays did: the targets are
 judged there. Request by request (``--interleave 1``) each cache's calls run just after the other's whole
 request, and what they cost then depends on the other cache's footprint: SGLang's admission median moved
-from 84 to 60 µs when only our code changed (a smaller request of ours left more of SGLang's data in the
+from 84 to 58-61 µs when only our code changed (a smaller request of ours left more of SGLang's data in the
 CPU caches). ``--cold-mib M`` reads ``M`` MiB before every request of each side, untimed, so both run
 equally cold (64: twice this machine's L3), as between an engine's forward passes. Both are reported in
 the README beside the targets' run: a cache whose calls are a few distinct steps (ours) loses more to
