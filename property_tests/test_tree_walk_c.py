@@ -310,6 +310,7 @@ def test_the_switch_selects_the_loop() -> None:
 op_st = st.one_of(
     st.tuples(st.just("insert"), st.lists(st.integers(0, 3), min_size=1, max_size=30)),
     st.tuples(st.just("match"), st.lists(st.integers(0, 3), max_size=36)),
+    st.tuples(st.just("walk"), st.lists(st.integers(0, 3), max_size=36)),
     st.tuples(st.just("evict"), st.integers(0, 12), st.integers(0, 2)),
 )
 
@@ -352,6 +353,9 @@ def _run(
             elif op[0] == "match":
                 m = tree.match(RadixKey(op[1]))
                 out.append((m.best.id, m.hit_len, m.full_kv_hit_len, m.device_indices.tolist()))
+            elif op[0] == "walk":  # walk() calls the compiled loop itself on the common case
+                w = tree.walk(RadixKey(op[1]))
+                out.append(([n.id for n in w.path], w.pos, w.partial, w.version))
             else:
                 freed = tree.evict(num_tokens=op[1], num_states=op[2])
                 out.append(
