@@ -453,6 +453,8 @@ class HostFreeList(FreeList):
             marks = allocate_tensor("the pending marks", torch.zeros, num_ids + 2, dtype=torch.bool)
             self._pending = marks.numpy()
         self._alloc_np = self.allocated.numpy()
+        # what one-id reads and writes of the bitmap go through (FifoFreeList: a bytearray of it)
+        self._bits: np.ndarray | bytearray = self._alloc_np
         self._scratch_np = self._scratch.numpy()
 
     # A lazy scan lists at least this many ids at a time (the scan's per-call cost is then negligible).
@@ -561,8 +563,8 @@ class HostFreeList(FreeList):
         return torch.from_numpy(self._buf_np[head:end])
 
     def is_id_allocated(self, i: int) -> bool:
-        """As :meth:`FreeList.is_id_allocated`, read through the numpy view (~0.1 us)."""
-        return 0 < i <= self.num_ids and bool(self._alloc_np[i])
+        """As :meth:`FreeList.is_id_allocated`, one read of the host bitmap (~0.1 us)."""
+        return 0 < i <= self.num_ids and bool(self._bits[i])
 
     # A free of up to this many ids is checked and applied in plain Python on ``ids.tolist()``: a few
     # 0.1 us steps per id beat the ~0.5-1 us fixed cost of each numpy call (decode frees 1 id, a paged
@@ -649,13 +651,13 @@ class HostFreeList(FreeList):
             self._num_released += count
 
     def _py_all_allocated(self, vals: list[int]) -> bool:
-        alloc, high = self._alloc_np, self.num_ids
-        return all(0 < v <= high and alloc[v] for v in vals)
+        bits, high = self._bits, self.num_ids
+        return all(0 < v <= high and bits[v] for v in vals)
 
     def _py_release(self, vals: list[int]) -> None:
-        alloc = self._alloc_np
+        bits = self._bits
         for v in vals:
-            alloc[v] = False
+            bits[v] = False
         self._park(vals, len(vals))  # a fresh list: owned, no copy needed; np.concatenate takes lists
 
     def _all_allocated(self, ids: torch.Tensor) -> bool:
@@ -751,9 +753,9 @@ class FifoFreeList(HostFreeList):
         # The bitmap's memory is a bytearray, with the tensor and the numpy array as views of it: the
         # per-slot reads and writes go through the bytearray (a store in CPython's core; numpy's scalar
         # __setitem__ costs ~4 us more with cold caches), the checks over many ids through the views.
-        self._flags = bytearray(num_ids + 2)
-        self.allocated = torch.frombuffer(self._flags, dtype=torch.bool)
-        self._alloc_np = np.frombuffer(self._flags, dtype=np.bool_)
+        self._bits = flags = bytearray(num_ids + 2)
+        self.allocated = torch.frombuffer(flags, dtype=torch.bool)
+        self._alloc_np = np.frombuffer(flags, dtype=np.bool_)
 
     def clear(self) -> None:
         self._queue: deque[int] = deque(range(1, self.num_ids + 1))
@@ -787,7 +789,7 @@ class FifoFreeList(HostFreeList):
             return None
         if num_ids == 1:  # one popleft, one byte stored
             i = queue.popleft()
-            self._flags[i] = 1
+            self._bits[i] = True
             self._last_taken = [i]
             return [i]
         ids = [queue.popleft() for _ in range(num_ids)]
@@ -808,21 +810,8 @@ class FifoFreeList(HostFreeList):
             return
         self.free(ids, check=True)
 
-    def is_id_allocated(self, i: int) -> bool:
-        return 0 < i <= self.num_ids and self._flags[i] == 1
-
-    def _py_all_allocated(self, vals: list[int]) -> bool:
-        flags, high = self._flags, self.num_ids
-        return all(0 < v <= high and flags[v] for v in vals)
-
-    def _py_release(self, vals: list[int]) -> None:
-        flags = self._flags
-        for v in vals:
-            flags[v] = 0
-        self._queue.extend(vals)
-
     def _park(self, chunk: object, count: int) -> None:
-        # every other free ends here, its checks done and its bits cleared: the ids join the queue's back
+        # every free ends here, its checks done and its bits cleared: the ids join the queue's back
         self._queue.extend(chunk if type(chunk) is list else chunk.tolist())  # type: ignore[attr-defined]
 
     def merge(self) -> None:
