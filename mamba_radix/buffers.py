@@ -102,9 +102,14 @@ class BufferStrategy:
         entry; lazy decode: release the old slot)."""
 
     # ------------------------------------------------------------------------------------- hand-over
-    def checkpoint_len(self, req: Req) -> int | None:
-        """The length of the newest state ``req`` can hand to the tree now, or ``None``."""
-        return req.kv_len if self.caches else None
+    def checkpoint_len(self, req: Req, pending: tuple[int, int | None] | None = None) -> int | None:
+        """The length of the newest state ``req`` can hand to the tree now, or ``None``. ``pending``:
+        ``(end, track_len)`` of ``req``'s uncommitted forward, to ask for the state it could hand over once
+        that forward is committed (a commit checks the hand-over before it changes anything). No side
+        effects. O(1)."""
+        if not self.caches:
+            return None
+        return req.kv_len if pending is None else pending[0]
 
     def unfinished_tree_slot(
         self, req: Req, pool: HybridReqToTokenPool, new_slot: int, check: bool = True
@@ -155,7 +160,9 @@ class ExtraBuffer(BufferStrategy):
     def after_track(self, req: Req, pool: HybridReqToTokenPool, *, decode: bool) -> None:
         req.mamba_next_track_idx = pool.ping_pong_other_idx(req.mamba_next_track_idx)
 
-    def checkpoint_len(self, req: Req) -> int | None:
+    def checkpoint_len(self, req: Req, pending: tuple[int, int | None] | None = None) -> int | None:
+        if pending is not None and pending[1] is not None:
+            return pending[1]
         return req.mamba_last_track_seqlen
 
     def unfinished_tree_slot(

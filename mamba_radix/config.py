@@ -200,6 +200,12 @@ class CacheConfig:
                 f"chunked_prefill_size must be -1 (no chunking) or a positive token count, "
                 f"got {self.chunked_prefill_size}"
             )
+        if 0 < self.chunked_prefill_size < self.page_size:
+            raise ConfigError(
+                f"chunked_prefill_size={self.chunked_prefill_size} is below page_size={self.page_size}: a "
+                "prefill chunk ends on a page boundary (or at the prompt's end), so no chunk could start; "
+                f"use at least {self.page_size}"
+            )
         if self.speculative_num_draft_tokens < 0:
             raise ConfigError(
                 f"speculative_num_draft_tokens must be >= 0, got {self.speculative_num_draft_tokens}"

@@ -4,8 +4,9 @@
    are never the end of a hit (6) and leave through KV eviction;
 2. a split never copies a checkpoint: every slot is held by exactly one node (``slot_owner`` agrees);
 3. conservation: every allocated KV index and state slot is owned by exactly one of a tree node, a
-   running request (when the caller passes the complete set of running requests) or the free list; the
-   cache's held-KV flags (:mod:`mamba_radix.pools.held`) mark exactly the tree's KV;
+   running request (when the caller passes the complete set of running requests) or the free list; each
+   allocator's own bookkeeping agrees with itself (free count equals its bitmap's, no id both free and
+   allocated: a double free is caught here, not at the next allocation); the cache's held-KV flags (:mod:`mamba_radix.pools.held`) mark exactly the tree's KV;
 4. the evictable/protected counters equal the sums over unlocked/locked nodes;
 5. the eviction candidate sets hold exactly the evictable candidates, under the right keys;
 6. a match never ends inside an edge or at a tombstone: every running request's ``last_node`` is the
@@ -182,7 +183,9 @@ def _check_requests(cache: MambaRadixCache, reqs: list[Req]) -> tuple[list[torch
         row = pool.req_to_token[req.req_pool_idx].to(torch.int64)
         if not torch.equal(row[: req.cache_protected_len], tree.path_values(node)):
             _fail(tree, f"invariant 6: request {req.rid!r}'s row does not hold the tree's KV of its prefix")
-        kv.append(row[req.cache_protected_len : req.kv_len])
+        # an extend not committed yet owns its KV too (its plan may continue the request's last page)
+        end = req.kv_len if req.pending_plan is None else req.pending_plan.end
+        kv.append(row[req.cache_protected_len : end])
     for node in tree.nodes():
         if not node.is_root and node.mamba_lock_ref != direct_locks.get(node.id, 0):
             _fail(
@@ -191,6 +194,16 @@ def _check_requests(cache: MambaRadixCache, reqs: list[Req]) -> tuple[list[torch
                 "running requests are locked on it",
             )
     return kv, slots
+
+
+def _check_pool_bookkeeping(cache: MambaRadixCache) -> None:
+    """Invariant 3 inside each allocator: its free count equals its bitmap's and nothing is both free and
+    allocated (``audit``), so a double free through a trusted path is caught at the next check."""
+    for pool in (cache.token_to_kv_pool_allocator, cache.mamba_pool, cache.req_to_token_pool):
+        try:
+            pool.audit()
+        except InvariantError as err:
+            _fail(cache.tree, f"invariant 3: {err}")
 
 
 def _check_owners(
@@ -233,6 +246,7 @@ def check_invariants(cache: MambaRadixCache, running_reqs: Iterable[Req] | None 
     every request that holds a lock, KV or slots: conservation is then exact. O(n + tokens)."""
     tree = cache.tree
     check_tree_invariants(tree)
+    _check_pool_bookkeeping(cache)
     reqs = None if running_reqs is None else list(running_reqs)
     req_kv, req_slots = _check_requests(cache, reqs) if reqs is not None else ([], [])
     complete = reqs is not None

@@ -354,6 +354,25 @@ class RequestLifecycle:
             )
         return row
 
+    def _is_prefill_chunk_end(self: MambaRadixCache, end: int, input_len: int) -> bool:
+        """The one rule for where a prefill chunk may end: at the prompt's end, or on a page boundary.
+        Why: a chunk's checkpoint sits on the state grid counted from the chunk's start (SGLang), and the
+        grid is a page multiple, so it lands on a page only if the chunk starts on one. O(1)."""
+        return end == input_len or end % self.config.page_size == 0
+
+    def prefill_chunk_len(self: MambaRadixCache, req: Req, budget: int) -> int:
+        """How many prompt tokens the next prefill chunk of running ``req`` takes with at most ``budget``
+        tokens (``chunked_prefill_size``, or what is left of a batch's): the rest of the prompt if it
+        fits, else as many as end on a page boundary (SGLang's scheduler cuts chunks so). ``0``: the
+        budget does not reach the next page boundary; schedule the chunk later. :meth:`extend` refuses
+        any other prefill length. No side effects. O(1)."""
+        _check_count(budget, "budget", 0)
+        start, input_len = req.kv_len, len(req.origin_input_ids)
+        if start + budget >= input_len:
+            return max(input_len - start, 0)
+        page = self.config.page_size
+        return max((start + budget) // page * page - start, 0)
+
     def extend(self: MambaRadixCache, req: Req, num_tokens: int) -> ForwardPlan | None:
         """Allocate KV for the next ``num_tokens`` tokens of ``req`` and say where the model writes states.
 
@@ -392,6 +411,14 @@ class RequestLifecycle:
         if is_prefill and end > input_len:
             raise InvalidArgument(
                 f"extend: a prefill extend ends at the prompt's end ({input_len}); got [{start}, {end})"
+            )
+        if is_prefill and not self._is_prefill_chunk_end(end, input_len):
+            raise InvalidArgument(
+                f"extend: a prefill chunk must end on a page boundary (page_size={self.config.page_size}) "
+                f"or at the prompt's end ({input_len}); [{start}, {end}) ends inside a page, so the next "
+                "chunk's checkpoint could not land on a page. Cut chunks with "
+                f"cache.prefill_chunk_len(req, budget) (here {self.prefill_chunk_len(req, num_tokens)} "
+                "tokens), as SGLang's scheduler does"
             )
         ids: array | None = None
         done, checked = start, array("q")
@@ -459,6 +486,9 @@ class RequestLifecycle:
                 f"commit: this plan is not request {req.rid!r}'s pending one (committed already, or from "
                 "an older extend); commit each plan once, in order"
             )
+        hand_over = plan.is_prefill or (self.config.mamba_decode_insert and plan.track_len is not None)
+        if hand_over and not finished:  # validate the hand-over's checkpoint before changing anything
+            self._checkpoint_len(req, "commit", plan)
         req.pending_plan = None
         req.kv_len = plan.end
         if plan.track_len is not None:
@@ -466,7 +496,6 @@ class RequestLifecycle:
             self.buffer.after_track(req, self.req_to_token_pool, decode=not plan.is_prefill)
         if plan.is_prefill:
             req.prefill_chunks += 1
-        hand_over = plan.is_prefill or (self.config.mamba_decode_insert and plan.track_len is not None)
         if hand_over and not finished:
             with self._validated(req):  # checked above: the hand-over does not check it again
                 self.cache_unfinished_req(req)
@@ -480,15 +509,7 @@ class RequestLifecycle:
         O(L + path * log n).
         """
         self._row(req, "finish")
-        plan = req.pending_plan
-        if plan is not None and insert:
-            raise InvalidArgument(
-                f"finish: request {req.rid!r} has an uncommitted plan for [{plan.start}, {plan.end}); "
-                "commit it first, or finish(req, insert=False) to abort"
-            )
-        if plan is not None:
-            req.pending_plan = None
-            self.token_to_kv_pool_allocator.free(plan.kv_indices)
+        self._check_no_pending_insert(req, insert, "finish")
         with self._validated(req):  # checked above: cache_finished_req does not check it again
             self.cache_finished_req(req, is_insert=insert)
         self.req_to_token_pool.free(req)
@@ -497,21 +518,25 @@ class RequestLifecycle:
         req.finished = True
 
     # ------------------------------------------------------------------ SGLang's request-level calls
-    def _checkpoint_len(self: MambaRadixCache, req: Req, verb: str) -> int | None:
-        """The length of the state the request can hand to the tree now (validated), or ``None``."""
-        cache_len = self.buffer.checkpoint_len(req)
+    def _checkpoint_len(
+        self: MambaRadixCache, req: Req, verb: str, plan: ForwardPlan | None = None
+    ) -> int | None:
+        """The length of the state the request can hand to the tree now (validated), or ``None``; with
+        ``plan``, the one it could hand over once ``plan`` is committed (checked before the commit)."""
+        cache_len = self.buffer.checkpoint_len(req, None if plan is None else (plan.end, plan.track_len))
         if cache_len is None:
             return None
+        kv_len = req.kv_len if plan is None else plan.end
         if (
             isinstance(cache_len, bool)
             or not isinstance(cache_len, int)
-            or not req.cache_protected_len <= cache_len <= req.kv_len
+            or not req.cache_protected_len <= cache_len <= kv_len
             or cache_len % self.config.page_size
         ):
             raise InvalidArgument(
                 f"{verb}: request {req.rid!r} checkpoints at {cache_len!r}, which must be a multiple of "
                 f"page_size={self.config.page_size} in [cache_protected_len={req.cache_protected_len}, "
-                f"kv_len={req.kv_len}]; set mamba_last_track_seqlen to the tracked length"
+                f"kv_len={kv_len}]; set mamba_last_track_seqlen to the tracked length"
             )
         return cache_len
 
@@ -623,6 +648,16 @@ class RequestLifecycle:
         req.last_node = done.node
         req.cache_protected_len = cache_len
 
+    def _check_no_pending_insert(self: MambaRadixCache, req: Req, insert: bool, verb: str) -> None:
+        """An insert at finish must not follow an uncommitted plan: the model may have overwritten the
+        state it would insert. O(1)."""
+        plan = req.pending_plan
+        if plan is not None and insert:
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} has an uncommitted plan for [{plan.start}, {plan.end}); "
+                "commit it first, or finish(req, insert=False) to abort"
+            )
+
     def cache_finished_req(self: MambaRadixCache, req: Req, is_insert: bool = True) -> None:
         """Finish a request's cache work (SGLang's call; :meth:`finish` makes it and frees the row).
 
@@ -639,9 +674,14 @@ class RequestLifecycle:
         check = not self._is_validated(req)
         if check:
             row = self._row(req, "cache_finished_req")
+            self._check_no_pending_insert(req, is_insert, "cache_finished_req")
         else:  # finish validated the request just before
             row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         protected = req.cache_protected_len
+        # An aborted plan's KV is the request's too, past kv_len. Freed with the rest in one call, so a
+        # page the plan continued (paged: the request's last partial page) is freed exactly once.
+        plan = req.pending_plan
+        kv_end = req.kv_len if plan is None else plan.end
         cache_len = protected
         if not self.buffer.caches:
             pass
@@ -649,7 +689,7 @@ class RequestLifecycle:
             self.stats.lazy_inserts_skipped += 1
         elif is_insert:
             cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
-        own_kv = row[protected : req.kv_len]  # the request's KV, [protected, kv_len): a view, int32
+        own_kv = row[protected:kv_end]  # the request's KV, [protected, kv_end): a view, int32
         if check:
             self._check_request_kv(req, own_kv, "cache_finished_req")
         node = req.last_node
@@ -661,10 +701,11 @@ class RequestLifecycle:
             kv = own_kv[: cache_len - protected].to(torch.int64)
             result, _ = self._insert_below(node, suffix, kv, tree_slot)
             keep = None if result.mamba_exists else tree_slot
-        if req.kv_len > cache_len:
+        if kv_end > cache_len:
             self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64), check)
         self.req_to_token_pool.free_mamba_cache(req, keep=keep, check=check)
         self.tree.dec_lock_ref(node)
+        req.pending_plan = None
         req.last_node = None
         req.mamba_last_track_seqlen = None
         self._checked_tokens().pop(req, None)

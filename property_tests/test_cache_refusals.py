@@ -126,7 +126,7 @@ def test_the_sglang_named_calls_refuse_a_tree_index_in_a_requests_own_kv(call: s
     req = Req(rid=2, origin_input_ids=list(range(100, 120)))
     assert cache.admit(req, 1)
     assert cache.extend(req, 8) is not None
-    req.kv_len = 8
+    req.kv_len, req.pending_plan = 8, None  # the SGLang call form: the engine advances kv_len itself
     cache.req_to_token_pool.req_to_token[req.req_pool_idx, 3] = int(tree_kv[0])
     refused(cache, InvalidIndex, "at row position 3 .* is the tree's", getattr(cache, call), req)
     cache.req_to_token_pool.req_to_token[req.req_pool_idx, 3] = 0  # not allocated: the older check names it

@@ -70,6 +70,8 @@ class FreeList:
     ``_released`` are freed chunks not merged yet; ``_group`` the chunks of an open free group.
     """
 
+    _unlisted = 0  # free ids a lazy merge has not listed yet (HostFreeList's; clear() resets it)
+
     def __init__(self, num_ids: int, device: torch.device, need_sort: bool, what: str) -> None:
         self.num_ids = num_ids
         self.device = device
@@ -308,6 +310,53 @@ class FreeList:
     def allocated_ids(self) -> torch.Tensor:
         """Every allocated id, ascending. O(num_ids): for invariant checks, not hot paths."""
         return torch.nonzero(self.allocated).reshape(-1)
+
+    def listed_free_ids(self) -> torch.Tensor:
+        """Every id the list holds as free right now, as a new int64 CPU tensor in hand-out order: the
+        merged list, then released chunks, then an open group's (ids a lazy merge has not listed yet,
+        ``_unlisted``, are not in it). O(free ids): for :meth:`audit` and tests."""
+        chunks = [self._buf_view(), *self._released, *(self._group or [])]
+        return self._to_tensor(self._cat(chunks)).to(device="cpu", dtype=torch.int64)
+
+    def audit(self) -> None:
+        """Check the list's own bookkeeping; raise :class:`~mamba_radix.errors.InvariantError` on the first
+        disagreement. The free count must equal the bitmap's unset ids; every id listed as free must be in
+        range, unset in the bitmap (not also allocated) and listed once. A double free through a trusted
+        (``check=False``) path breaks the first or the last rule, so the next audit catches it, not the
+        next allocation. No side effects. O(num_ids) (one host sync on a GPU)."""
+        what = self.what
+        bitmap = self.allocated.to("cpu")
+        if bool(bitmap[0]) or bool(bitmap[self.num_ids + 1]):
+            raise InvariantError(f"{what} free list: the padding id 0 or the sentinel is marked allocated")
+        unset = self.num_ids - int(bitmap.sum())
+        if self.available != unset:
+            raise InvariantError(
+                f"{what} free list counts {self.available} free {what}s but its bitmap has {unset} unset "
+                "(a double free or a lost id)"
+            )
+        listed = self.listed_free_ids()
+        if listed.numel() + self._unlisted != self.available:
+            raise InvariantError(
+                f"{what} free list lists {listed.numel()} free {what}s (+{self._unlisted} unlisted) but "
+                f"counts {self.available}"
+            )
+        if not listed.numel():
+            return
+        outside = (listed < 1) | (listed > self.num_ids)
+        if bool(outside.any()):
+            raise InvariantError(
+                f"{what} free list holds id {int(listed[outside][0])} outside 1..{self.num_ids}"
+            )
+        taken = bitmap[listed]
+        if bool(taken.any()):
+            raise InvariantError(
+                f"{what} {int(listed[taken][0])} is both on the free list and marked allocated"
+            )
+        values, counts = torch.unique(listed, return_counts=True)
+        if bool((counts > 1).any()):
+            raise InvariantError(
+                f"{what} {int(values[counts > 1][0])} is on the free list twice (a double free)"
+            )
 
     def merge(self) -> None:
         """Move every released id (and those of an open group) into the free list; sort if asked.
@@ -723,6 +772,12 @@ class FreeListBatching:
         """Close the free group opened by :meth:`free_group_begin`."""
         self._free_list.free_group_end()
 
+    def audit(self) -> None:
+        """Check the allocator's own bookkeeping (:meth:`FreeList.audit`): the free count equals the
+        bitmap's, and no id is both free and allocated. Raises
+        :class:`~mamba_radix.errors.InvariantError`. O(size)."""
+        self._free_list.audit()
+
     def merge_and_sort_free(self) -> None:
         """Merge released ids into the free list now (sorted when ``need_sort``). O(free ids)."""
         self._free_list.merge()
@@ -813,6 +868,10 @@ class FifoFreeList(HostFreeList):
     def _park(self, chunk: object, count: int) -> None:
         # every free ends here, its checks done and its bits cleared: the ids join the queue's back
         self._queue.extend(chunk if type(chunk) is list else chunk.tolist())  # type: ignore[attr-defined]
+
+    def listed_free_ids(self) -> torch.Tensor:
+        """The queue, front first (a new tensor). O(free ids)."""
+        return torch.tensor(list(self._queue), dtype=torch.int64)
 
     def merge(self) -> None:
         """Nothing to merge: freed ids are queued as they come. As on the host (a merge rebuilds its

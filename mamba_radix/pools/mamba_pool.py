@@ -337,6 +337,12 @@ class MambaPool(CapacityLimit):
         self._free_list.clear()
 
     # ----------------------------------------------------------------------------------- inspection
+    def audit(self) -> None:
+        """Check the pool's own bookkeeping (:meth:`~mamba_radix.pools.free_list.FreeList.audit`): the
+        free count equals the bitmap's, and no slot is both free and allocated. Raises
+        :class:`~mamba_radix.errors.InvariantError`. O(size)."""
+        self._free_list.audit()
+
     def is_slot_allocated(self, slot: int) -> bool:
         """Whether the single slot ``slot`` (a Python int) is allocated; False for 0, out-of-range slots
         and non-ints. O(1), builds no tensor: the cheap test for ownership checks."""

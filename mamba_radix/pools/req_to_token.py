@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.errors import InvalidArgument, InvalidIndex, InvariantError
 from mamba_radix.pools._indices import (
     allocate_tensor,
     check_count,
@@ -68,6 +68,22 @@ class ReqToTokenPool:
     def is_row_allocated(self, row: int) -> bool:
         """Whether ``row`` is currently held (False for 0, out-of-range rows and non-ints). O(1)."""
         return type(row) is int and 1 <= row <= self.size and bool(self._row_allocated[row])
+
+    def audit(self) -> None:
+        """Check the pool's own bookkeeping: the free stack holds exactly the rows not marked held, each
+        once. Raises :class:`~mamba_radix.errors.InvariantError`. O(size)."""
+        free = self._free_rows
+        held = [row for row in range(1, self.size + 1) if self._row_allocated[row]]
+        if self._row_allocated[0] or len(free) + len(held) != self.size or len(set(free)) != len(free):
+            raise InvariantError(
+                f"request rows: {len(free)} on the free stack ({len(set(free))} distinct) and {len(held)} "
+                f"marked held do not add up to {self.size} (a double free or a lost row)"
+            )
+        both = [row for row in free if not 1 <= row <= self.size or self._row_allocated[row]]
+        if both:
+            raise InvariantError(
+                f"request row {both[0]} is on the free stack but marked held (or out of range)"
+            )
 
     # ------------------------------------------------------------------------------------- alloc/free
     def alloc(self, num_reqs: int) -> list[int] | None:

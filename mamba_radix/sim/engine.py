@@ -453,9 +453,9 @@ class Engine:
         budget = math.inf if chunk < 0 else chunk
         batch: list[tuple[_SimReq, int]] = []
         for sim in self.prefilling:  # the chunked request(s) in flight go first
-            if budget <= 0:
+            n = self._chunk_len(sim, budget)
+            if n <= 0:
                 break
-            n = int(min(len(sim.input_ids) - sim.req.kv_len, budget))
             batch.append((sim, n))
             budget -= n
         while budget > 0 and self.waiting:
@@ -475,7 +475,9 @@ class Engine:
             self.waiting.popleft()
             self.prefilling.append(got)
             self.metrics.record_running(self.running, None)
-            n = int(min(len(got.input_ids) - got.req.kv_len, budget))
+            n = self._chunk_len(got, budget)
+            if n <= 0:  # admitted; its first chunk waits for the next batch (it then goes first)
+                break
             batch.append((got, n))
             budget -= n
         if not batch:
@@ -489,6 +491,14 @@ class Engine:
                 self.prefilling.remove(sim)
                 self._first_token(sim)
         return True
+
+    def _chunk_len(self, sim: _SimReq, budget: float) -> int:
+        """The next chunk of ``sim`` within ``budget`` tokens, cut as SGLang's scheduler cuts it (the rest
+        of the prompt, or up to a page boundary: the cache's rule); 0 when the budget reaches none."""
+        rest = len(sim.input_ids) - sim.req.kv_len
+        if budget >= rest:
+            return rest
+        return self.cache.prefill_chunk_len(sim.req, int(budget)) if budget > 0 else 0
 
     def _prefill_chunk(self, sim: _SimReq, n: int) -> None:
         """One chunk ``[kv_len, kv_len + n)``: extend, play the model, commit (the chunk's checkpoint goes
