@@ -31,7 +31,7 @@ from mamba_radix.buffers import buffer_strategy
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument, InvalidIndex
 from mamba_radix.invariants import check_invariants
-from mamba_radix.lifecycle import RequestLifecycle
+from mamba_radix.lifecycle import AdmitCheck, ForwardPlan, RequestLifecycle
 from mamba_radix.node import TreeNode
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import (
@@ -101,7 +101,7 @@ class MatchResult:
             self._match = None
         return indices
 
-    def _kv_chunks(self) -> tuple[torch.Tensor, ...]:
+    def kv_chunks(self) -> tuple[torch.Tensor, ...]:
         """The hit's KV as read-only chunks (the nodes' own values until ``device_indices`` is read):
         for a caller that copies the hit into a buffer of its own. O(1)."""
         match = self._match
@@ -188,12 +188,16 @@ class CacheStats:
             setattr(self, name, 0)
 
 
-class MambaRadixCache(RequestLifecycle):
+class MambaRadixCache:
     """The Mamba-aware radix prefix cache over a :class:`HybridReqToTokenPool` and a token allocator.
 
-    The request lifecycle (``can_admit``, ``admit``, ``extend``, ``commit``, ``finish`` and SGLang's
-    ``cache_unfinished_req`` / ``cache_finished_req``) comes from :class:`RequestLifecycle`; the buffer
-    strategy object (:attr:`buffer`, :mod:`mamba_radix.buffers`) decides where states are tracked.
+    The request lifecycle is a layer over this cache: :attr:`lifecycle`, a
+    :class:`~mamba_radix.lifecycle.RequestLifecycle` built with it, holds the per-request state; the
+    calls ``can_admit``, ``admit``, ``prefill_chunk_len``, ``extend``, ``commit``, ``finish`` and SGLang's
+    ``cache_unfinished_req`` / ``cache_finished_req`` are forwarded to it, so an engine drives one object.
+    The lifecycle uses only this class's public contract (peek, match, insert below a node, make room,
+    release, locks, the size accessors). The buffer strategy object (:attr:`buffer`,
+    :mod:`mamba_radix.buffers`) decides where states are tracked.
 
     Construction checks that the pools fit the config (same page size, same strategy); it raises
     :class:`InvalidArgument` otherwise. Every public method documents its side effects and cost;
@@ -231,18 +235,57 @@ class MambaRadixCache(RequestLifecycle):
         self.device = token_to_kv_pool_allocator.device
         if policy is not None and not isinstance(policy, CachePolicy):
             raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
+        policy = policy if policy is not None else CachePolicy()
         self.tree = RadixTree(config, self.device, policy)
         # which KV indices the tree holds: built by the first public check that needs it (insert, the
         # SGLang-named calls made directly), then kept (set on an insert's new leaf, cleared on release);
         # None until then, so the lifecycle alone never pays for it
         self._tree_kv: HeldIndices | None = None
-        self.policy = self.tree.policy
-        self.policy.cache = self
+        self.policy = policy
+        policy.cache = self
         self.buffer = buffer_strategy(config)
         self._grid = config.mamba_checkpoint_grid  # a property computing an lcm: read once
         self.stats = CacheStats()
         self.victim_ages = VictimAges()
-        self.reserved_kv_tokens = 0
+        self.lifecycle = RequestLifecycle(self)
+
+    # ------------------------------------------------------------------ the lifecycle, forwarded
+    @property
+    def reserved_kv_tokens(self) -> int:
+        """KV tokens reserved by running requests (:attr:`RequestLifecycle.reserved_kv_tokens`)."""
+        return self.lifecycle.reserved_kv_tokens
+
+    def can_admit(self, req: Req, max_new_tokens: int | None = None) -> AdmitCheck:
+        """:meth:`RequestLifecycle.can_admit`: would ``req`` be admitted now, and why not. Read-only."""
+        return self.lifecycle.can_admit(req, max_new_tokens)
+
+    def admit(self, req: Req, max_new_tokens: int | None = None) -> bool:
+        """:meth:`RequestLifecycle.admit`: match, lock, slots, row and KV reservation, or nothing."""
+        return self.lifecycle.admit(req, max_new_tokens)
+
+    def prefill_chunk_len(self, req: Req, budget: int) -> int:
+        """:meth:`RequestLifecycle.prefill_chunk_len`: the next prefill chunk's length (SGLang's cut)."""
+        return self.lifecycle.prefill_chunk_len(req, budget)
+
+    def extend(self, req: Req, num_tokens: int) -> ForwardPlan | None:
+        """:meth:`RequestLifecycle.extend`: KV for the next ``num_tokens`` and where states go."""
+        return self.lifecycle.extend(req, num_tokens)
+
+    def commit(self, plan: ForwardPlan, *, finished: bool = False) -> None:
+        """:meth:`RequestLifecycle.commit`: the model ran ``plan``; prefill chunks hand over."""
+        self.lifecycle.commit(plan, finished=finished)
+
+    def finish(self, req: Req, insert: bool = True) -> None:
+        """:meth:`RequestLifecycle.finish`: the newest checkpoint to the tree, the rest freed."""
+        self.lifecycle.finish(req, insert)
+
+    def cache_unfinished_req(self, req: Req) -> None:
+        """:meth:`RequestLifecycle.cache_unfinished_req` (SGLang's call after a prefill chunk)."""
+        self.lifecycle.cache_unfinished_req(req)
+
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+        """:meth:`RequestLifecycle.cache_finished_req` (SGLang's call at finish; the row stays)."""
+        self.lifecycle.cache_finished_req(req, is_insert)
 
     @classmethod
     def build(
@@ -377,10 +420,12 @@ class MambaRadixCache(RequestLifecycle):
         adds a tombstone parent, which never holds the hit), unless its copy-on-write finds no slot and
         drops the hit. O(L + path).
         """
-        return self._peek(self._as_key(key, None))[0]
+        return self.peek_with_walk(self._as_key(key, None))[0]
 
-    def _peek(self, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]:
-        """:meth:`peek_prefix`, and its walk for a match that follows at once."""
+    def peek_with_walk(self, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]:
+        """:meth:`peek_prefix` of a :class:`RadixKey`, and its read-only walk for a
+        :meth:`match_prefix` that follows at once (``walk=``; reused only if the tree has not changed).
+        No side effects. O(L + path)."""
         root = self.tree.root
         if not self.buffer.caches:
             return PrefixPeek(0, 0, root, 0, False), None
@@ -472,11 +517,13 @@ class MambaRadixCache(RequestLifecycle):
         self._check_not_tree_kv(kv_indices, prev_prefix_len)
         return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
 
-    def _insert_below(
+    def insert_below(
         self, node: TreeNode, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int
     ) -> tuple[InsertResult, TreeInsert]:
-        """``node``'s prefix followed by ``key``, walking from ``node`` (:meth:`RadixTree.insert_below`):
-        the lifecycle's hand-over, O(new tokens). The caller validated the KV and the slot."""
+        """Trusted hand-over: ``node``'s prefix followed by ``key``, walking from ``node``
+        (:meth:`RadixTree.insert_below`); duplicates of tree KV and capped checkpoints are freed. The
+        caller validated the KV (allocated, its own, not the tree's) and the slot (its own, allocated):
+        the lifecycle's hand-over. O(new tokens + path * log n)."""
         return self._settle_insert(self.tree.insert_below(node, key, kv_indices, mamba_slot))
 
     def _settle_insert(self, done: TreeInsert) -> tuple[InsertResult, TreeInsert]:
@@ -509,7 +556,7 @@ class MambaRadixCache(RequestLifecycle):
         handed_over = kv_indices[start:]
         if not handed_over.numel():
             return
-        held = self._held_kv()
+        held = self.held_kv()
         if held.any_held(handed_over):
             at = start + (held.first_held(handed_over) or 0)
             raise InvalidArgument(
@@ -518,8 +565,22 @@ class MambaRadixCache(RequestLifecycle):
                 "prefix the tree holds, or fresh indices"
             )
 
-    def _held_kv(self) -> HeldIndices:
-        """The held-KV flags, built from the tree on first use (O(tree KV) once), kept up to date after."""
+    def held_kv_if_built(self) -> HeldIndices | None:
+        """The held-KV flags if a check has built them, else ``None`` (nothing is built). O(1)."""
+        return self._tree_kv
+
+    def is_attached(self, node: TreeNode) -> bool:
+        """Whether ``node`` is in the tree (not evicted or detached). O(1)."""
+        return self.tree.is_attached(node)
+
+    def path_kv(self, node: TreeNode, above: TreeNode) -> torch.Tensor:
+        """The KV indices of the nodes from below ``above`` down to ``node``, in order (a new tensor).
+        O(path tokens)."""
+        return self.tree.path_values(node, above=above)
+
+    def held_kv(self) -> HeldIndices:
+        """Which KV indices the tree holds (the flags a public insert and the SGLang-named calls check
+        against), built from the tree on first use (O(tree KV) once) and kept up to date after."""
         if self._tree_kv is None:
             allocator = self.token_to_kv_pool_allocator
             max_index = getattr(allocator, "max_index", allocator.size)
@@ -598,19 +659,17 @@ class MambaRadixCache(RequestLifecycle):
         ages.state_age += freed.state_victim_age
         ages.state_victims += freed.state_victims
 
-    def make_room(self, num_tokens: int = 0, num_states: int = 0) -> bool:
+    def make_room(self, num_tokens: int = 0, num_states: int = 0, *, check: bool = True) -> bool:
         """Evict just enough that ``num_tokens`` KV tokens and ``num_states`` slots are free.
 
         Returns whether both are free now. Raises :class:`InvalidArgument` (nothing evicted) for counts
-        that are not ints >= 0. O(victims * log n).
+        that are not ints >= 0; ``check=False`` trusts counts the caller computed (the lifecycle's).
+        O(victims * log n).
         """
-        for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise InvalidArgument(f"make_room: {name} must be an int >= 0, got {count!r}")
-        return self._make_room(num_tokens, num_states)
-
-    def _make_room(self, num_tokens: int, num_states: int) -> bool:
-        """:meth:`make_room` for the lifecycle's own counts (ints >= 0 it computed): no checks."""
+        if check:
+            for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise InvalidArgument(f"make_room: {name} must be an int >= 0, got {count!r}")
         short_tokens = max(0, num_tokens - self.token_to_kv_pool_allocator.available_size())
         short_states = max(0, num_states - self.mamba_pool.available_size())
         if short_tokens or short_states:
@@ -635,7 +694,7 @@ class MambaRadixCache(RequestLifecycle):
                 f"alloc_token_slots: num_tokens must be an int >= 0 and a multiple of page_size={page}, "
                 f"got {num_tokens!r}"
             )
-        self.make_room(num_tokens=num_tokens)
+        self.make_room(num_tokens, check=False)
         return self.token_to_kv_pool_allocator.alloc(num_tokens)
 
     def alloc_state_slot(self) -> int | None:

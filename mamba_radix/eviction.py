@@ -52,7 +52,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sortedcontainers import SortedList
 
@@ -182,6 +182,23 @@ class CandidateKeys(Protocol):
     def full_key(self, node: TreeNode) -> tuple[int, ...]: ...
 
     def mamba_key(self, node: TreeNode) -> tuple[int, ...]: ...
+
+
+class VictimPolicy(CandidateKeys, Protocol):
+    """What a :class:`~mamba_radix.tree.RadixTree` takes from a research policy at construction
+    (:class:`mamba_radix.policy.CachePolicy` is the reference implementation): candidate keys, the victim
+    pickers, whether it keys by the config's order alone (the index may then stamp lazily), and whether it
+    needs prefix fingerprints. The tree calls :meth:`bind` once, with itself."""
+
+    needs_prefix_fingerprints: bool
+
+    def bind(self, tree: Any) -> None: ...
+
+    def uses_config_keys(self) -> bool: ...
+
+    def pick_full_victim(self, index: EvictionIndex) -> TreeNode | None: ...
+
+    def pick_mamba_victim(self, index: EvictionIndex) -> TreeNode | None: ...
 
 
 # Whether an EvictionIndex built without an explicit ``lazy_removal`` defers removals (_KeySet). The
@@ -439,6 +456,13 @@ class EvictionIndex:
     def mamba_candidates(self) -> Iterator[TreeNode]:
         """Checkpoint candidates in eviction order (as :meth:`full_candidates`)."""
         return (self._nodes[k[-1]] for k in self.mamba_keys())
+
+    def current_keys(self, node: TreeNode) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        """The keys ``node`` should be listed under now, ``(full, mamba)`` (``None``: not a candidate of
+        that set), by the keys this index sorts by. For the invariant checker. O(1), no side effects."""
+        full = self._full_key(node) if is_full_candidate(node) else None
+        mamba = self._mamba_key(node) if is_mamba_candidate(node) else None
+        return full, mamba
 
     def full_keys(self) -> list[tuple[int, ...]]:
         """The full-KV candidates' current keys in eviction order. O(n); O(n log n) with

@@ -21,18 +21,33 @@ Violations raise :class:`~mamba_radix.errors.InvariantError` with a readable tre
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from mamba_radix.errors import InvariantError
-from mamba_radix.eviction import is_full_candidate, is_mamba_candidate
 from mamba_radix.node import ROOT_ID, TreeNode, child_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mamba_radix.cache import MambaRadixCache
+    from mamba_radix.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from mamba_radix.pools.held import HeldIndices
+    from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
     from mamba_radix.request import Req
     from mamba_radix.tree import RadixTree
+
+
+class CheckedCache(Protocol):
+    """What the checker reads of a cache (:class:`~mamba_radix.cache.MambaRadixCache` has it): its tree,
+    its three pools and its held-KV flags if built. Declared here, by its user, so that the cache can
+    import this module without a circle."""
+
+    tree: RadixTree
+    req_to_token_pool: HybridReqToTokenPool
+    token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+    mamba_pool: MambaPool
+
+    def held_kv_if_built(self) -> HeldIndices | None: ...
+
 
 __all__ = ["check_invariants", "check_tree_invariants"]
 
@@ -114,8 +129,7 @@ def check_tree_invariants(tree: RadixTree) -> None:
         if node.mamba_slot is not None:
             num_slots += 1
             sizes[2 if node.mamba_lock_ref == 0 else 3] += 1
-        want_full = tree.policy.full_key(node) if is_full_candidate(node) else None
-        want_mamba = tree.policy.mamba_key(node) if is_mamba_candidate(node) else None
+        want_full, want_mamba = index.current_keys(node)
         if not (
             index.is_listed_under(node, node.full_evict_key, want_full)
             and index.is_listed_under(node, node.mamba_evict_key, want_mamba)
@@ -151,7 +165,7 @@ def check_tree_invariants(tree: RadixTree) -> None:
         _fail(tree, "invariant 5: the checkpoint candidate set differs from the unlocked checkpoints")
 
 
-def _check_requests(cache: MambaRadixCache, reqs: list[Req]) -> tuple[list[torch.Tensor], list[int]]:
+def _check_requests(cache: CheckedCache, reqs: list[Req]) -> tuple[list[torch.Tensor], list[int]]:
     """Invariants 6-7 for each running request; returns the KV spans and slots the requests own."""
     tree = cache.tree
     pool = cache.req_to_token_pool
@@ -196,7 +210,7 @@ def _check_requests(cache: MambaRadixCache, reqs: list[Req]) -> tuple[list[torch
     return kv, slots
 
 
-def _check_pool_bookkeeping(cache: MambaRadixCache) -> None:
+def _check_pool_bookkeeping(cache: CheckedCache) -> None:
     """Invariant 3 inside each allocator: its free count equals its bitmap's and nothing is both free and
     allocated (``audit``), so a double free through a trusted path is caught at the next check."""
     for pool in (cache.token_to_kv_pool_allocator, cache.mamba_pool, cache.req_to_token_pool):
@@ -207,7 +221,7 @@ def _check_pool_bookkeeping(cache: MambaRadixCache) -> None:
 
 
 def _check_owners(
-    cache: MambaRadixCache, what: str, owned: list[torch.Tensor], allocated: torch.Tensor, complete: bool
+    cache: CheckedCache, what: str, owned: list[torch.Tensor], allocated: torch.Tensor, complete: bool
 ) -> None:
     """Each id in ``owned`` occurs once and is allocated; with ``complete``, they cover ``allocated``."""
     tree = cache.tree
@@ -223,12 +237,13 @@ def _check_owners(
         _fail(tree, f"invariant 3: {what} {int(leaked[0])} is allocated but owned by nobody (a leak)")
 
 
-def _check_held_flags(cache: MambaRadixCache, tree_kv: list[torch.Tensor]) -> None:
+def _check_held_flags(cache: CheckedCache, tree_kv: list[torch.Tensor]) -> None:
     """The cache's record of which KV indices the tree holds (what a public insert checks against; kept
     from the first public insert on) equals the union of the tree's node values."""
-    if cache._tree_kv is None:
+    flags = cache.held_kv_if_built()
+    if flags is None:
         return
-    held = cache._tree_kv.held_indices().cpu()
+    held = flags.held_indices().cpu()
     values = torch.unique(torch.cat(tree_kv).cpu()) if tree_kv else held[:0]
     if torch.equal(held, values):
         return
@@ -241,7 +256,7 @@ def _check_held_flags(cache: MambaRadixCache, tree_kv: list[torch.Tensor]) -> No
     _fail(cache.tree, f"invariant 3: the held-KV flags disagree with the tree: index {what}")
 
 
-def check_invariants(cache: MambaRadixCache, running_reqs: Iterable[Req] | None = None) -> None:
+def check_invariants(cache: CheckedCache, running_reqs: Iterable[Req] | None = None) -> None:
     """Every invariant of DESIGN.md §5 (see the module docstring). ``running_reqs``, when given, must be
     every request that holds a lock, KV or slots: conservation is then exact. O(n + tokens)."""
     tree = cache.tree

@@ -42,7 +42,7 @@ import struct
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from weakref import WeakKeyDictionary
 
 import torch
@@ -53,9 +53,15 @@ from mamba_radix.request import Req
 from mamba_radix.tree import RadixKey, Walk
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mamba_radix.cache import MambaRadixCache
+    from mamba_radix.buffers import BufferStrategy
+    from mamba_radix.config import CacheConfig
+    from mamba_radix.node import TreeNode
+    from mamba_radix.policy import CachePolicy
+    from mamba_radix.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from mamba_radix.pools.held import HeldIndices
+    from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
 
-__all__ = ["ADMIT_REASONS", "AdmitCheck", "ForwardPlan", "RequestLifecycle"]
+__all__ = ["ADMIT_REASONS", "AdmitCheck", "ForwardPlan", "LifecycleCache", "RequestLifecycle"]
 
 # Why can_admit says no: a request row, state slots or KV tokens are short now; or the request can never
 # fit (longer than a request row or than the whole KV pool).
@@ -151,29 +157,91 @@ def _check_token_list(tokens: object, what: str) -> array:
     return _check_token_list_reference(tokens, what)
 
 
+class LifecycleCache(Protocol):
+    """The cache contract the lifecycle is written against (:class:`~mamba_radix.cache.MambaRadixCache`
+    implements it): its config, buffer strategy, research policy, counters and pools, and these calls.
+    Declared here, by its user, so that this module imports nothing above it."""
+
+    config: CacheConfig
+    buffer: BufferStrategy
+    policy: CachePolicy
+    stats: Any
+    device: torch.device
+    req_to_token_pool: HybridReqToTokenPool
+    token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+    mamba_pool: MambaPool
+
+    def peek_with_walk(self, radix_key: RadixKey) -> tuple[Any, Walk | None]: ...
+
+    def match_prefix(
+        self, key: RadixKey, *, cow_mamba: bool = False, req: Req | None = None, walk: Walk | None = None
+    ) -> Any: ...
+
+    def insert_below(
+        self, node: TreeNode, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int
+    ) -> tuple[Any, Any]: ...
+
+    def make_room(self, num_tokens: int = 0, num_states: int = 0, *, check: bool = True) -> bool: ...
+
+    def alloc_state_slot(self) -> int | None: ...
+
+    def held_kv(self) -> HeldIndices: ...
+
+    def inc_lock_ref(self, node: TreeNode) -> None: ...
+
+    def dec_lock_ref(self, node: TreeNode) -> None: ...
+
+    def is_attached(self, node: TreeNode) -> bool: ...
+
+    def path_kv(self, node: TreeNode, above: TreeNode) -> torch.Tensor: ...
+
+    def full_evictable_size(self) -> int: ...
+
+    def mamba_evictable_size(self) -> int: ...
+
+
 class RequestLifecycle:
-    """The request-level half of :class:`~mamba_radix.cache.MambaRadixCache` (a mixin: it uses the
-    cache's tree, pools, buffer strategy and low-level calls, and owns ``reserved_kv_tokens``).
+    """The request lifecycle over one cache (a layer: it holds the cache and uses only its public
+    contract, :class:`LifecycleCache`). :class:`~mamba_radix.cache.MambaRadixCache` builds one as
+    ``cache.lifecycle`` and forwards the lifecycle calls to it.
 
     KV reservation: :meth:`admit` reserves every KV token the request will still allocate (its
     uncached prompt, plus ``max_new_tokens - 1`` decode tokens when given); :meth:`can_admit` admits a
     request only if free plus evictable KV covers the reservations of every running request and its own,
     so an admitted request never runs out of KV. Its extends draw the reservation down; finish returns the
     rest.
+
+    State (all of it): ``reserved_kv_tokens``; ``checked_tokens``, per admitted request its tokens as
+    validated so far (the prompt at admission, sampled tokens as extends check them) as an
+    ``array('q')``, so hand-over keys are cut from it with a ``memcpy`` instead of being converted from the
+    request's lists again (weak keys: an entry goes with its request; :meth:`cache_finished_req` drops
+    it); ``_validated_req``, the request the running :meth:`commit` / :meth:`finish` validated, which the
+    SGLang-named call it makes does not validate again.
     """
 
-    reserved_kv_tokens: int = 0
+    def __init__(self, cache: LifecycleCache) -> None:
+        self.cache = cache
+        # Read once: none of them is replaced after the cache is built (the frozen config's derived
+        # counts and the pools are the cache's for its lifetime).
+        self.config = cache.config
+        self.buffer = cache.buffer
+        self.req_to_token_pool = cache.req_to_token_pool
+        self.token_to_kv_pool_allocator = cache.token_to_kv_pool_allocator
+        self.mamba_pool = cache.mamba_pool
+        self.reserved_kv_tokens = 0
+        self.checked_tokens: WeakKeyDictionary[Req, array] = WeakKeyDictionary()
+        self._validated_req: Req | None = None
 
     # ------------------------------------------------------------------------------------- admission
-    def _final_kv_len(self: MambaRadixCache, req: Req, max_new_tokens: int | None) -> int:
+    def _final_kv_len(self, req: Req, max_new_tokens: int | None) -> int:
         # the last sampled token's KV is never computed
         return len(req.origin_input_ids) + (max_new_tokens - 1 if max_new_tokens else 0)
 
-    def _page_ceil(self: MambaRadixCache, num_tokens: int) -> int:
+    def _page_ceil(self, num_tokens: int) -> int:
         page = self.config.page_size
         return -(-num_tokens // page) * page
 
-    def _check_new_request(self: MambaRadixCache, req: Req, max_new_tokens: int | None) -> array:
+    def _check_new_request(self, req: Req, max_new_tokens: int | None) -> array:
         """Validate a request for admission; return its tokens (input, then output) as a checked
         ``array('q')``. O(L)."""
         if not isinstance(req, Req):
@@ -203,21 +271,21 @@ class RequestLifecycle:
             ids.extend(outputs)
         return ids
 
-    def can_admit(self: MambaRadixCache, req: Req, max_new_tokens: int | None = None) -> AdmitCheck:
+    def can_admit(self, req: Req, max_new_tokens: int | None = None) -> AdmitCheck:
         """Whether :meth:`admit` would admit ``req`` now, and why not. Read-only: nothing is split,
         stamped, counted or evicted. ``max_new_tokens``: output tokens the request will produce (its
         decode KV is reserved); ``None`` reserves only the prompt. O(L + path)."""
         return self._admission_check(req, max_new_tokens)[0]
 
     def _admission_check(
-        self: MambaRadixCache, req: Req, max_new_tokens: int | None
+        self, req: Req, max_new_tokens: int | None
     ) -> tuple[AdmitCheck, RadixKey, Walk | None, array]:
         """:meth:`can_admit`, plus the admission key, its walk for the match that follows and the
         request's checked tokens."""
         ids = self._check_new_request(req, max_new_tokens)
         # a view of the checked tokens: the key's own copy is the only one made
         key = RadixKey.trusted(memoryview(ids)[: len(req.origin_input_ids) - 1], req.extra_key)  # type: ignore[arg-type]
-        peek, walk = self._peek(key)
+        peek, walk = self.cache.peek_with_walk(key)
         hit = peek.hit_len
         final = self._final_kv_len(req, max_new_tokens)
         need_tokens = self._page_ceil(final) - hit
@@ -233,17 +301,19 @@ class RequestLifecycle:
             return verdict("too_long")
         if pool.available_size() < 1:
             return verdict("req_rows")
-        kv_room = allocator.available_size() + self.full_evictable_size() - peek.unlocked_tokens
+        kv_room = allocator.available_size() + self.cache.full_evictable_size() - peek.unlocked_tokens
         if kv_room < self.reserved_kv_tokens + need_tokens:
             return verdict("kv_tokens")
         slot_room = (
-            self.mamba_pool.available_size() + self.mamba_evictable_size() - int(peek.unlocked_checkpoint)
+            self.mamba_pool.available_size()
+            + self.cache.mamba_evictable_size()
+            - int(peek.unlocked_checkpoint)
         )
         if slot_room < need_slots:
             return verdict("state_slots")
         return verdict(None)
 
-    def admit(self: MambaRadixCache, req: Req, max_new_tokens: int | None = None) -> bool:
+    def admit(self, req: Req, max_new_tokens: int | None = None) -> bool:
         """Admit ``req`` if :meth:`can_admit` says it fits; return whether it was admitted.
 
         Matches the prompt less its last token (one token is always computed, for the logits) with
@@ -262,14 +332,14 @@ class RequestLifecycle:
         check, key, walk, ids = self._admission_check(req, max_new_tokens)
         if not check.ok:
             return False
-        self.policy.on_admit(req)
-        match = self.match_prefix(key, cow_mamba=True, req=req, walk=walk)  # the check's walk, if valid
+        self.cache.policy.on_admit(req)
+        match = self.cache.match_prefix(key, cow_mamba=True, req=req, walk=walk)  # the check's walk, if valid
         node = req.last_node
         assert node is not None
-        self.policy.on_hit(req)
-        self.tree.inc_lock_ref(node)
+        self.cache.policy.on_hit(req)
+        self.cache.inc_lock_ref(node)
         headroom = max(self.buffer.per_chunk_headroom_slots, self.buffer.admission_slots(req))
-        self._make_room(0, headroom)
+        self.cache.make_room(0, headroom, check=False)
         # trusted: checked fresh above; its one slot, if any, is the copy-on-write's, just allocated
         if self.req_to_token_pool.alloc([req], check=False) is None:
             self._undo_admission(req, node)
@@ -279,7 +349,7 @@ class RequestLifecycle:
             # the hit into the row straight from the tree's chunks: req.prefix_indices is concatenated
             # only if someone reads it
             row, pos = req.req_pool_idx, 0
-            for chunk in match._kv_chunks():
+            for chunk in match.kv_chunks():
                 self.req_to_token_pool.write(row, pos, chunk, check=False)
                 pos += chunk.numel()
         else:
@@ -291,17 +361,11 @@ class RequestLifecycle:
         self._checked_tokens()[req] = ids
         return True
 
-    def _checked_tokens(self: MambaRadixCache) -> WeakKeyDictionary[Req, array]:
-        """Per admitted request, its tokens as validated so far (the prompt at admission, sampled tokens
-        as extends check them), as an ``array('q')``: hand-over keys are cut from it with a ``memcpy``
-        instead of being converted from the request's lists again. Weak keys: an entry goes with its
-        request (and :meth:`cache_finished_req` drops it). Created on first use."""
-        table = self.__dict__.get("_checked_token_arrays")
-        if table is None:
-            table = self.__dict__["_checked_token_arrays"] = WeakKeyDictionary()
-        return table
+    def _checked_tokens(self) -> WeakKeyDictionary[Req, array]:
+        """:attr:`checked_tokens` (kept as a call: the hand-over paths read it once per call)."""
+        return self.checked_tokens
 
-    def _token_key(self: MambaRadixCache, req: Req, start: int, end: int) -> RadixKey:
+    def _token_key(self, req: Req, start: int, end: int) -> RadixKey:
         """The key of ``req``'s tokens ``[start, end)``, trusted: cut from its checked tokens when they
         reach ``end`` (the lifecycle's requests), else from its lists (a caller of the low-level calls
         that did not admit through :meth:`admit`). O(end - start)."""
@@ -312,13 +376,13 @@ class RequestLifecycle:
         )
         return RadixKey.trusted(tokens, req.extra_key)  # type: ignore[arg-type]
 
-    def _undo_admission(self: MambaRadixCache, req: Req, node: object) -> None:
-        self.tree.dec_lock_ref(node)  # type: ignore[arg-type]
+    def _undo_admission(self, req: Req, node: object) -> None:
+        self.cache.dec_lock_ref(node)  # type: ignore[arg-type]
         if req.mamba_pool_idx is not None:  # the copy-on-write target, taken by the match
             # undo_alloc, not free: the next allocation then hands out the slots it would have
             self.mamba_pool.undo_alloc(torch.tensor([req.mamba_pool_idx], dtype=torch.int64))
             req.mamba_pool_idx = None
-        req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
+        req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.cache.device)
         req.last_node = None
         req.cache_protected_len = 0
         req.full_kv_hit_len = 0
@@ -326,14 +390,14 @@ class RequestLifecycle:
         req.mamba_cow_src_slot = None
 
     # ---------------------------------------------------------------------------------------- extend
-    def _row(self: MambaRadixCache, req: Req, verb: str) -> torch.Tensor:
+    def _row(self, req: Req, verb: str) -> torch.Tensor:
         """Validate ``req``'s bookkeeping as a running request; return its ``req_to_token`` row. O(1)."""
         if not isinstance(req, Req):
             raise InvalidArgument(f"{verb} takes a Req, got {type(req).__name__}")
         if req.req_pool_idx is None or not self.req_to_token_pool.is_row_allocated(req.req_pool_idx):
             raise InvalidArgument(f"{verb}: request {req.rid!r} holds no request row; admit it first")
         node = req.last_node
-        if node is None or not self.tree.is_attached(node):
+        if node is None or not self.cache.is_attached(node):
             raise InvalidArgument(
                 f"{verb}: request {req.rid!r} holds no lock in this cache (never admitted here, or "
                 "finished twice)"
@@ -354,13 +418,13 @@ class RequestLifecycle:
             )
         return row
 
-    def _is_prefill_chunk_end(self: MambaRadixCache, end: int, input_len: int) -> bool:
+    def _is_prefill_chunk_end(self, end: int, input_len: int) -> bool:
         """The one rule for where a prefill chunk may end: at the prompt's end, or on a page boundary.
         Why: a chunk's checkpoint sits on the state grid counted from the chunk's start (SGLang), and the
         grid is a page multiple, so it lands on a page only if the chunk starts on one. O(1)."""
         return end == input_len or end % self.config.page_size == 0
 
-    def prefill_chunk_len(self: MambaRadixCache, req: Req, budget: int) -> int:
+    def prefill_chunk_len(self, req: Req, budget: int) -> int:
         """How many prompt tokens the next prefill chunk of running ``req`` takes with at most ``budget``
         tokens (``chunked_prefill_size``, or what is left of a batch's): the rest of the prompt if it
         fits, else as many as end on a page boundary (SGLang's scheduler cuts chunks so). ``0``: the
@@ -373,7 +437,7 @@ class RequestLifecycle:
         page = self.config.page_size
         return max((start + budget) // page * page - start, 0)
 
-    def extend(self: MambaRadixCache, req: Req, num_tokens: int) -> ForwardPlan | None:
+    def extend(self, req: Req, num_tokens: int) -> ForwardPlan | None:
         """Allocate KV for the next ``num_tokens`` tokens of ``req`` and say where the model writes states.
 
         A prefill extend (``kv_len`` inside the prompt) must end at or before the prompt's end; a decode
@@ -436,12 +500,12 @@ class RequestLifecycle:
             )
         allocator = self.token_to_kv_pool_allocator
         need = self._page_ceil(end) - self._page_ceil(start)
-        if allocator.available_size() + self.full_evictable_size() < need:
+        if allocator.available_size() + self.cache.full_evictable_size() < need:
             return None
         headroom = self.buffer.per_chunk_headroom_slots
         if is_prefill and req.prefill_chunks and headroom:
-            self._make_room(0, headroom)
-        self._make_room(need, 0)
+            self.cache.make_room(0, headroom, check=False)
+        self.cache.make_room(need, 0, check=False)
         if self.config.page_size == 1:
             kv = allocator.alloc(num_tokens)
         else:
@@ -469,7 +533,7 @@ class RequestLifecycle:
         req.pending_plan = plan
         return plan
 
-    def commit(self: MambaRadixCache, plan: ForwardPlan, *, finished: bool = False) -> None:
+    def commit(self, plan: ForwardPlan, *, finished: bool = False) -> None:
         """The model ran ``plan``: advance ``req.kv_len`` to ``plan.end``, record the tracked state
         (``mamba_last_track_seqlen``; the ping-pong bookkeeping advances) and, after a prefill chunk, hand
         the newest checkpoint and the KV before it to the tree (:meth:`cache_unfinished_req`). Decode
@@ -500,7 +564,7 @@ class RequestLifecycle:
             with self._validated(req):  # checked above: the hand-over does not check it again
                 self.cache_unfinished_req(req)
 
-    def finish(self: MambaRadixCache, req: Req, insert: bool = True) -> None:
+    def finish(self, req: Req, insert: bool = True) -> None:
         """Finish ``req``: :meth:`cache_finished_req` (the newest checkpoint and the KV before it to the
         tree, the rest freed, every slot released, the lock dropped), then free its request row and return
         its unused KV reservation. ``insert=False`` aborts: nothing is inserted, and an uncommitted plan's
@@ -518,9 +582,7 @@ class RequestLifecycle:
         req.finished = True
 
     # ------------------------------------------------------------------ SGLang's request-level calls
-    def _checkpoint_len(
-        self: MambaRadixCache, req: Req, verb: str, plan: ForwardPlan | None = None
-    ) -> int | None:
+    def _checkpoint_len(self, req: Req, verb: str, plan: ForwardPlan | None = None) -> int | None:
         """The length of the state the request can hand to the tree now (validated), or ``None``; with
         ``plan``, the one it could hand over once ``plan`` is committed (checked before the commit)."""
         cache_len = self.buffer.checkpoint_len(req, None if plan is None else (plan.end, plan.track_len))
@@ -540,16 +602,16 @@ class RequestLifecycle:
             )
         return cache_len
 
-    def _admitted(self: MambaRadixCache, req: Req, cache_len: int | None) -> int | None:
+    def _admitted(self, req: Req, cache_len: int | None) -> int | None:
         """``cache_len`` if the research policy keeps that hand-over (``None`` if declined, counted)."""
         if cache_len is None or cache_len <= req.cache_protected_len:
             return cache_len
-        if self.policy.admit_checkpoint(req, cache_len):
+        if self.cache.policy.admit_checkpoint(req, cache_len):
             return cache_len
-        self.stats.checkpoints_declined += 1
+        self.cache.stats.checkpoints_declined += 1
         return None
 
-    def _check_request_kv(self: MambaRadixCache, req: Req, kv: torch.Tensor, verb: str) -> None:
+    def _check_request_kv(self, req: Req, kv: torch.Tensor, verb: str) -> None:
         """The request's own KV ``kv`` (a span of its row past ``cache_protected_len``, int32 as stored)
         must be allocated and not the tree's (the insert would give a tree index a second owner, the free
         past the checkpoint would free it under the tree). O(len): one fused pass over the row's memory
@@ -562,7 +624,7 @@ class RequestLifecycle:
                 f"{verb}: request {req.rid!r} has KV index {bad} in its row that is not allocated; write "
                 "only indices from the allocator into req_to_token"
             )
-        held = self._held_kv()
+        held = self.cache.held_kv()
         if kv.numel() and held.any_held(kv):
             at = held.first_held(kv) or 0
             raise InvalidIndex(
@@ -572,21 +634,21 @@ class RequestLifecycle:
             )
 
     @contextmanager
-    def _validated(self: MambaRadixCache, req: Req) -> Iterator[None]:
+    def _validated(self, req: Req) -> Iterator[None]:
         """Within: ``req`` was validated by the lifecycle call running now (:meth:`commit`,
         :meth:`finish`), so the SGLang-named call it makes skips re-validating the request and its KV
         (validate once at the public edge). Requests are handled one call at a time, so one slot
         suffices; it is cleared on the way out, whatever happens."""
-        self.__dict__["_validated_req"] = req
+        self._validated_req = req
         try:
             yield
         finally:
-            self.__dict__["_validated_req"] = None
+            self._validated_req = None
 
-    def _is_validated(self: MambaRadixCache, req: Req) -> bool:
-        return self.__dict__.get("_validated_req") is req
+    def _is_validated(self, req: Req) -> bool:
+        return self._validated_req is req
 
-    def cache_unfinished_req(self: MambaRadixCache, req: Req) -> None:
+    def cache_unfinished_req(self, req: Req) -> None:
         """Hand a running request's newest checkpoint and the KV before it to the tree (SGLang's call,
         after a prefill chunk; :meth:`commit` makes it).
 
@@ -615,40 +677,38 @@ class RequestLifecycle:
             self._insert_checkpoint(req, span, cache_len, check)
         req.mamba_last_track_seqlen = None
 
-    def _insert_checkpoint(
-        self: MambaRadixCache, req: Req, span: torch.Tensor, cache_len: int, check: bool = True
-    ) -> None:
+    def _insert_checkpoint(self, req: Req, span: torch.Tensor, cache_len: int, check: bool = True) -> None:
         """Hand the state at ``cache_len`` and the KV ``span`` (the row's ``[cache_protected_len,
         cache_len)``, validated) to the tree, walking from ``req.last_node``. Only where the tree held
         tokens already (their duplicates freed) is the row rewritten: O(new tokens + path nodes * log n)."""
-        new_slot = self.alloc_state_slot()
+        new_slot = self.cache.alloc_state_slot()
         if new_slot is None:
-            self.stats.checkpoints_skipped += 1
+            self.cache.stats.checkpoints_skipped += 1
             return
         tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot, check)
         if copy:
             assert req.mamba_pool_idx is not None
             self.mamba_pool.copy_slot(req.mamba_pool_idx, tree_slot)  # trusted: the request's, a fresh slot
-            self.stats.state_copies += 1
+            self.cache.stats.state_copies += 1
         protected = req.cache_protected_len
         old = req.last_node
         assert old is not None
         suffix = self._token_key(req, protected, cache_len)
-        result, done = self._insert_below(old, suffix, span.to(torch.int64), tree_slot)
+        result, done = self.cache.insert_below(old, suffix, span.to(torch.int64), tree_slot)
         if result.mamba_exists:
             self.mamba_pool.free([tree_slot], check=False)  # the fresh slot just donated back
         if result.prefix_len > protected:
             # The tree held [protected, prefix_len) already and the insert freed the request's duplicates
             # there: point that part of the row at the tree's indices (the rest is the request's own KV,
             # now the new leaf's, already in the row).
-            tree_kv = self.tree.path_values(done.node, above=old)[: result.prefix_len - protected]
+            tree_kv = self.cache.path_kv(done.node, old)[: result.prefix_len - protected]
             self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv, check=False)  # type: ignore[arg-type]
-        self.tree.inc_lock_ref(done.node)
-        self.tree.dec_lock_ref(old)
+        self.cache.inc_lock_ref(done.node)
+        self.cache.dec_lock_ref(old)
         req.last_node = done.node
         req.cache_protected_len = cache_len
 
-    def _check_no_pending_insert(self: MambaRadixCache, req: Req, insert: bool, verb: str) -> None:
+    def _check_no_pending_insert(self, req: Req, insert: bool, verb: str) -> None:
         """An insert at finish must not follow an uncommitted plan: the model may have overwritten the
         state it would insert. O(1)."""
         plan = req.pending_plan
@@ -658,7 +718,7 @@ class RequestLifecycle:
                 "commit it first, or finish(req, insert=False) to abort"
             )
 
-    def cache_finished_req(self: MambaRadixCache, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Finish a request's cache work (SGLang's call; :meth:`finish` makes it and frees the row).
 
         Inserts the newest checkpoint (the buffer strategy's: the tracked ping-pong slot at
@@ -686,7 +746,7 @@ class RequestLifecycle:
         if not self.buffer.caches:
             pass
         elif is_insert and not req.mamba_lazy_is_insert:
-            self.stats.lazy_inserts_skipped += 1
+            self.cache.stats.lazy_inserts_skipped += 1
         elif is_insert:
             cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
         own_kv = row[protected:kv_end]  # the request's KV, [protected, kv_end): a view, int32
@@ -699,12 +759,12 @@ class RequestLifecycle:
             tree_slot = self.buffer.finished_tree_slot(req, self.req_to_token_pool)
             suffix = self._token_key(req, protected, cache_len)
             kv = own_kv[: cache_len - protected].to(torch.int64)
-            result, _ = self._insert_below(node, suffix, kv, tree_slot)
+            result, _ = self.cache.insert_below(node, suffix, kv, tree_slot)
             keep = None if result.mamba_exists else tree_slot
         if kv_end > cache_len:
             self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64), check)
         self.req_to_token_pool.free_mamba_cache(req, keep=keep, check=check)
-        self.tree.dec_lock_ref(node)
+        self.cache.dec_lock_ref(node)
         req.pending_plan = None
         req.last_node = None
         req.mamba_last_track_seqlen = None

@@ -28,13 +28,12 @@ A policy object serves one cache (:meth:`bind` is called once, by the tree).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.eviction import CheckpointOrder, full_evict_key, mamba_evict_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mamba_radix.cache import MambaRadixCache
     from mamba_radix.eviction import EvictionIndex
     from mamba_radix.node import TreeNode
     from mamba_radix.request import Req
@@ -51,7 +50,9 @@ class CachePolicy:
 
     def __init__(self) -> None:
         self.tree: RadixTree | None = None
-        self.cache: MambaRadixCache | None = None  # set by the cache built over the tree (pools, stats)
+        # the MambaRadixCache built over the tree (pools, stats), set by it; typed loosely so that this
+        # module, which the cache imports, does not import the cache back
+        self.cache: Any = None
         self.order: CheckpointOrder | None = None
 
     def bind(self, tree: RadixTree) -> None:
@@ -60,6 +61,12 @@ class CachePolicy:
             raise InvalidArgument(f"policy {self.name!r} already serves another cache; make one per cache")
         self.tree = tree
         self.order = CheckpointOrder.from_config(tree.config)
+
+    def uses_config_keys(self) -> bool:
+        """Whether this policy's keys are exactly the config's order (the base class, not a subclass):
+        the tree's index may then stamp lazily and re-key only leaves. A subclass's keys may read
+        anything, so they are re-derived at every change. O(1)."""
+        return type(self) is CachePolicy
 
     # ---------------------------------------------------------------------------------------- eviction
     def full_key(self, node: TreeNode) -> tuple[int, ...]:

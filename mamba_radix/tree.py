@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from mamba_radix.errors import InvalidArgument
-from mamba_radix.eviction import CheckpointOrder, EvictionIndex
+from mamba_radix.eviction import CheckpointOrder, EvictionIndex, VictimPolicy
 from mamba_radix.native import compiled_paths_enabled
 from mamba_radix.node import (
     ROOT_ID,
@@ -45,7 +45,6 @@ from mamba_radix.node import (
     prefix_len_bytes,
     prefix_len_in,
 )
-from mamba_radix.policy import CachePolicy
 from mamba_radix.state_stamp import fingerprint_extend
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -263,7 +262,7 @@ class RadixTree:
     """
 
     def __init__(
-        self, config: CacheConfig, device: str | torch.device = "cpu", policy: CachePolicy | None = None
+        self, config: CacheConfig, device: str | torch.device = "cpu", policy: VictimPolicy | None = None
     ) -> None:
         self.config = config
         self.page_size = config.page_size
@@ -280,16 +279,21 @@ class RadixTree:
         # the walk's scratch buffer: a walk copies its key's int64 bytes here (so a tree is not safe to
         # walk from two threads at once; nothing in it is)
         self._scratch = bytearray(_SCRATCH_TOKENS * 8)
-        self.policy = policy if policy is not None else CachePolicy()
-        self.policy.bind(self)
-        self._prefix_fps = self.policy.needs_prefix_fingerprints
-        # the base policy's keys (not a subclass's): _touch_path re-keys only leaves, and the index calls
-        # the order's key functions directly (the policy's methods only forward to them: two calls saved
-        # per update)
-        self._base_policy_keys = type(self.policy) is CachePolicy
+        # A research policy (mamba_radix.policy.CachePolicy and subclasses), or None for the config's
+        # own order. What the tree uses of it is taken here, once: its keys, its victim pickers, and
+        # whether it needs prefix fingerprints.
+        self.policy = policy
+        if policy is not None:
+            policy.bind(self)
+        self._prefix_fps = policy is not None and policy.needs_prefix_fingerprints
+        # the config's keys (no research policy's): _touch_path re-keys only leaves, and the index calls
+        # the order's key functions directly (a policy's methods would only forward to them)
+        self._base_policy_keys = policy is None or policy.uses_config_keys()
         self.index = EvictionIndex(
-            CheckpointOrder.from_config(config), keys=None if self._base_policy_keys else self.policy
+            CheckpointOrder.from_config(config), keys=None if self._base_policy_keys else policy
         )
+        self._pick_full_victim = EvictionIndex.first_full if policy is None else policy.pick_full_victim
+        self._pick_mamba_victim = EvictionIndex.first_mamba if policy is None else policy.pick_mamba_victim
         # a touch only stamps: the index re-keys a stale entry when it reaches the front (EvictionIndex)
         self._lazy_stamps = self.index.lazy_stamps
         self.full_evictable_size = 0
@@ -883,7 +887,7 @@ class RadixTree:
         freed = Freed()
         now = self.clock
         while freed.num_tokens < num_tokens:
-            leaf = self.policy.pick_full_victim(self.index)
+            leaf = self._pick_full_victim(self.index)
             if leaf is None:
                 break
             if leaf.mamba_slot is not None:  # a KV-only leaf is never the end of a hit: its loss is free
@@ -891,7 +895,7 @@ class RadixTree:
                 freed.kv_victims += 1
             self._remove_leaf(leaf, freed)
         while freed.num_states < num_states:
-            node = self.policy.pick_mamba_victim(self.index)
+            node = self._pick_mamba_victim(self.index)
             if node is None:
                 break
             freed.state_victim_age += now - node.mamba_last_access

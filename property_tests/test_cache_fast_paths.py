@@ -194,7 +194,7 @@ def test_keys_cut_from_the_checked_tokens_are_the_requests_tokens() -> None:
     paths = _paths(cache)
     assert paths and all(depth == len(tokens) for tokens, depth in paths)
     assert any(tokens[:20] == shared for tokens, _ in paths)
-    assert not cache._checked_tokens()  # finish dropped every entry
+    assert not cache.lifecycle.checked_tokens  # finish dropped every entry
     cache.check_invariants([])
 
 
@@ -212,7 +212,7 @@ def test_a_refused_decode_extend_keeps_no_checked_tokens() -> None:
     req.output_ids = [60, 61, 62, 63]
     with pytest.raises(InvalidArgument, match="decode boundary"):
         cache.extend(req, 3)  # crosses the boundary at 8
-    assert len(cache._checked_tokens()[req]) == 6
+    assert len(cache.lifecycle.checked_tokens[req]) == 6
     req.output_ids = [60, 70, 71]
     plan = cache.extend(req, 2)
     assert plan is not None

@@ -88,7 +88,7 @@ def test_held_flags_follow_the_tree_through_inserts_and_evictions() -> None:
     put(cache, [20, 21, 22, 23])
     cache.check_invariants()  # checks the flags equal the tree's KV
     assert cache.evict(num_tokens=64).num_tokens == 16
-    assert cache._tree_kv.held_indices().numel() == 0
+    assert cache.held_kv_if_built().held_indices().numel() == 0
     reused = cache.token_to_kv_pool_allocator.alloc(4)  # indices the tree held before: fresh again
     cache.insert([60, 61, 62, 63], reused, int(cache.mamba_pool.alloc(1)[0]))
     cache.check_invariants()
@@ -102,13 +102,13 @@ def test_held_flags_are_built_from_the_tree_by_the_first_public_insert() -> None
     assert cache.admit(req, 1)
     prefill(cache, req, 8)
     cache.finish(req)
-    assert cache._tree_kv is None and cache.full_evictable_size() > 0
+    assert cache.held_kv_if_built() is None and cache.full_evictable_size() > 0
     tree_kv = cache.match_prefix(list(range(1, 13))).device_indices
     fresh_kv = cache.token_to_kv_pool_allocator.alloc(3)
     slot = int(cache.mamba_pool.alloc(1)[0])
     mixed = torch.cat([fresh_kv, tree_kv[:1]])
     refused(cache, InvalidArgument, "already the tree's", cache.insert, [70, 71, 72, 73], mixed, slot)
-    assert cache._tree_kv is not None
+    assert cache.held_kv_if_built() is not None
     cache.check_invariants()  # the flags built from the tree equal its KV
 
 

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from mamba_radix.cache import MambaRadixCache
+from mamba_radix.lifecycle import RequestLifecycle
 from mamba_radix.testing import MambaRadixAdapter, make_machine, radix_params
 from mamba_radix.tree import Freed, RadixTree
 
@@ -102,10 +103,10 @@ def cow_skips_copy(monkeypatch: pytest.MonkeyPatch) -> None:
 def unfinished_req_never_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     """``cache_unfinished_req`` only refreshes the request and never inserts (a silent non-cache)."""
 
-    def mutant(self: MambaRadixCache, req) -> None:
+    def mutant(self: RequestLifecycle, req) -> None:
         req.mamba_last_track_seqlen = None
 
-    monkeypatch.setattr(MambaRadixCache, "cache_unfinished_req", mutant)
+    monkeypatch.setattr(RequestLifecycle, "cache_unfinished_req", mutant)
 
 
 def cap_drops_forks(monkeypatch: pytest.MonkeyPatch) -> None:

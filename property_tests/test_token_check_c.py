@@ -269,7 +269,7 @@ def test_admission_takes_good_prompts_alike(on: bool) -> None:
         with c_check_on(on):
             req = Req(rid="r", origin_input_ids=list(prompt))
             assert cache.admit(req)
-            assert cache._checked_tokens()[req].tolist() == [int(t) for t in prompt]
+            assert cache.lifecycle.checked_tokens[req].tolist() == [int(t) for t in prompt]
 
 
 @pytest.mark.parametrize("error", [ValueError("no index"), TypeError("not today"), OverflowError("too big")])
