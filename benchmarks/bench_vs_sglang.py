@@ -47,7 +47,7 @@ request, and what they cost then depends on the other cache's footprint: SGLang'
 from 84 to 58-61 µs when only our code changed (a smaller request of ours left more of SGLang's data in the
 CPU caches). ``--cold-mib M`` reads ``M`` MiB before every request of each side, untimed, so both run
 equally cold (64: twice this machine's L3), as between an engine's forward passes. Both are reported in
-the README beside the targets' run: a cache whose calls are a few distinct steps (ours) loses more to
+docs/benchmarks.md beside the targets' run: a cache whose calls are a few distinct steps (ours) loses more to
 cold caches than one whose calls repeat the same steps per node (SGLang's).
 
 One torch thread (``torch.set_num_threads(1)``): on a loaded 2-core machine a second thread makes small

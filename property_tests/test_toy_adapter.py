@@ -13,7 +13,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from mamba_radix.testing.toy import ToyPrefixCache
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "invariant-suite.md"
 
 
 def _toy_block() -> str:

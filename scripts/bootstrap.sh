@@ -43,8 +43,9 @@ fi
 echo "bootstrap: installing mamba_radix (editable) with the [test] extra: pytest, hypothesis, ruff," >&2
 echo "bootstrap:   triton 3.6.0 (its CPU interpreter runs the kernel tests), and the extras the tests use:" >&2
 echo "bootstrap:   [experiments] matplotlib + tqdm, [engine] transformers, [ray] ray (about 80 MB);" >&2
+echo "bootstrap:   and the [docs] extra, mkdocs + mkdocs-material (make docs);" >&2
 echo "bootstrap:   about 2 min on a fresh machine (100 s measured), a few seconds when they are already there" >&2
 start=$(date +%s)
-quiet "${pip[@]}" -e ".[test]" "triton==3.6.0; platform_system == 'Linux'"
+quiet "${pip[@]}" -e ".[test,docs]" "triton==3.6.0; platform_system == 'Linux'"
 echo "bootstrap: done in $(( $(date +%s) - start )) s" >&2
 echo "$want" > "$STAMP"

@@ -1,4 +1,4 @@
-"""A deliberately small prefix cache with state checkpoints: the "your engine" of README's "Test your own
+"""A deliberately small prefix cache with state checkpoints: the "your engine" of docs/invariant-suite.md's "Test your own
 cache" section, whose adapter there puts it under the invariant suite.
 
 No tree: one dict entry per resident prefix (a token tuple) with the KV index of its last token, and one per
