@@ -2,7 +2,7 @@
 # Each one sets itself up first (scripts/bootstrap.sh is idempotent).
 PY := .venv/bin/python
 
-.PHONY: setup experiment reference test lint bench clean
+.PHONY: setup experiment reference test lint docs bench clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -28,6 +28,12 @@ test: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports --no-cache
+
+# The documentation site (mkdocs.yml, docs/) into site/ (git-ignored); --strict fails on any warning, a
+# broken link or a page missing from the nav included.
+docs: setup
+	$(PY) -m mkdocs build --strict --site-dir site
 
 bench: setup
 	$(PY) benchmarks/bench_pools.py

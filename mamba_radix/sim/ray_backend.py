@@ -7,8 +7,10 @@ version); a trace file must exist at the same path on every node, except the bun
 node finds in its own installed package by name. A run gives the same record as in the local process pool
 (the simulator is deterministic; only ``wall_s`` differs).
 
-Progress: a task reports its finished requests through a ``ray.util.queue.Queue`` (an actor), at most every
-:data:`mamba_radix.sim.sweep.PROGRESS_EVERY_S` seconds.
+The backend only schedules: what one task does is the ``run`` it is given (the sweep passes
+:func:`mamba_radix.sim.sweep.run_in_worker`, sent to the workers by reference), so this module imports
+nothing from the sweep. Progress: a task's ``run`` puts ``(run_id, finished_requests)`` on a
+``ray.util.queue.Queue`` (an actor), at most every :data:`mamba_radix.sim.sweep.PROGRESS_EVERY_S` seconds.
 
 Side effects: may start (and then stops) a local Ray instance; connects to a cluster otherwise (and
 disconnects at the end, leaving it running). Needs the ``[ray]`` extra: :class:`mamba_radix.errors.ConfigError` without it.
@@ -22,7 +24,7 @@ from typing import Any
 
 from mamba_radix.errors import ConfigError
 
-__all__ = ["RAY_ADDRESS_ENV", "run_on_ray"]
+__all__ = ["RAY_ADDRESS_ENV", "RunInWorker", "run_on_ray"]
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
@@ -37,25 +39,26 @@ def _import_ray() -> Any:
     return ray
 
 
-def _task(spec: Any, progress_queue: Any) -> dict[str, Any]:
-    """One run inside a Ray worker: the local pool's worker set-up, then the same guarded run."""
-    from mamba_radix.sim import sweep
+# what one run does on a Ray worker: ``run(spec, put)`` returns the run's record; ``put`` (None: no
+# progress) takes ``(run_id, finished_requests)``
+RunInWorker = Callable[[Any, Callable[[tuple[str, int]], None] | None], dict[str, Any]]
 
-    sweep._worker_init()
-    progress = None
-    if progress_queue is not None:
-        progress = sweep._throttled(spec.run_id, progress_queue.put_nowait)
-    return sweep._run_safely(spec, progress)
+
+def _task(run: RunInWorker, spec: Any, progress_queue: Any) -> dict[str, Any]:
+    """One run inside a Ray worker: ``run`` with progress sent to the driver's queue."""
+    return run(spec, None if progress_queue is None else progress_queue.put_nowait)
 
 
 def run_on_ray(
     specs: Sequence[Any],
+    run: RunInWorker,
     collect: Callable[[dict[str, Any]], None],
     on_progress: Callable[[str, int], None] | None = None,
     address: str | None = None,
     poll_s: float = 0.5,
 ) -> None:
-    """Run every spec as a Ray task (one CPU each) and pass each record to ``collect`` as it finishes.
+    """Run ``run(spec, put)`` for every spec as a Ray task (one CPU each) and pass each record to
+    ``collect`` as it finishes. ``run`` must be a module-level function (Ray sends it by reference).
 
     ``address``: a cluster (``ray://host:10001`` or ``host:6379``); None: ``RAY_ADDRESS``, else a local
     instance (stopped again at the end). O(runs) tasks; ``collect`` is called in completion order.
@@ -81,7 +84,7 @@ def run_on_ray(
     try:
         progress_queue = Queue() if on_progress is not None else None
         remote = ray.remote(num_cpus=1, max_retries=0)(_task)
-        pending = {remote.remote(spec, progress_queue): spec for spec in specs}
+        pending = {remote.remote(run, spec, progress_queue): spec for spec in specs}
 
         def drain() -> None:
             if progress_queue is None or on_progress is None:

@@ -55,6 +55,7 @@ __all__ = [
     "open_results",
     "peer_config",
     "resolve_trace",
+    "run_in_worker",
     "run_one",
     "run_sweep",
     "spec_pools",
@@ -464,6 +465,16 @@ def _run_safely(spec: RunSpec, progress: Callable[[int], None] | None = None) ->
         return {"run_id": spec.run_id, "params": spec.params(), "error": f"{type(exc).__name__}: {exc}"}
 
 
+def run_in_worker(spec: RunSpec, put: Callable[[tuple[str, int]], None] | None = None) -> dict[str, Any]:
+    """One run in a worker of another backend (a Ray task: :mod:`mamba_radix.sim.ray_backend` is given
+    this function and calls it on the cluster): the local pool's worker set-up, then the guarded run (a
+    failure is a record with an ``error`` field). ``put((run_id, finished))`` gets progress at most every
+    PROGRESS_EVERY_S; None: no progress."""
+    _worker_init()
+    progress = None if put is None else _throttled(spec.run_id, put)
+    return _run_safely(spec, progress)
+
+
 def check_new_file(path: str | Path, overwrite: bool = False, what: str = "results file") -> Path:
     """Check, before any work, that ``path`` can be written as a new file: refuses (:class:`ConfigError`)
     a folder, a missing or read-only parent folder, and an existing file unless ``overwrite``. No side
@@ -529,7 +540,7 @@ def run_sweep(
         if backend == "ray":
             from mamba_radix.sim.ray_backend import run_on_ray
 
-            run_on_ray(queue, collect, on_progress, ray_address)
+            run_on_ray(queue, run_in_worker, collect, on_progress, ray_address)
         elif jobs == 1:
             _worker_init()
             for s in specs:

@@ -206,5 +206,5 @@ def build_0_5_23() -> StandIns:
     from mamba_radix.testing.sglang import standins_0_5_23
 
     settings = RuntimeSettings()
-    mods = standins_0_5_23.modules(settings, _common_modules(settings))
+    mods = standins_0_5_23.modules(_common_modules(settings))
     return StandIns(mods, _namespace(settings))

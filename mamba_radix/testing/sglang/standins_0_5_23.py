@@ -16,8 +16,6 @@ import inspect
 from types import ModuleType
 from typing import Any
 
-from mamba_radix.testing.sglang.standins import RuntimeSettings
-
 __all__ = ["PERMISSIVE", "modules"]
 
 # Modules whose names 0.5.23's cache imports but a device-only sequential replay never exercises.
@@ -153,9 +151,11 @@ def _free_row_segments(allocator: Any, segments: list[tuple[Any, int]], **kwargs
             allocator.free_segment(kv_indices, start_pos=start_pos)
 
 
-def modules(settings: RuntimeSettings, common: dict[str, ModuleType]) -> dict[str, ModuleType]:
-    """The 0.5.23 stand-ins: the common ones made permissive (0.5.23 imports more names from them; the
-    names the replay relies on keep their stand-in values), plus :data:`PERMISSIVE` and ``msgspec``."""
+def modules(common: dict[str, ModuleType]) -> dict[str, ModuleType]:
+    """The 0.5.23 stand-ins: ``common`` (the stand-ins both releases import, built by
+    :func:`.standins.build_0_5_23` with the run-time settings already in them) made permissive (0.5.23
+    imports more names from them; the names the replay relies on keep their stand-in values), plus
+    :data:`PERMISSIVE` and ``msgspec``. Imports nothing from :mod:`.standins`, which calls it."""
     out: dict[str, ModuleType] = {}
     for name, mod in common.items():
         widened = _permissive(name)
