@@ -39,6 +39,7 @@ from mamba_radix.pools import (
     MambaPool,
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
+    make_kv_allocator,
 )
 from mamba_radix.pools.held import HeldIndices
 from mamba_radix.request import Req
@@ -309,11 +310,7 @@ class MambaRadixCache:
         pools itself."""
         mamba_pool = MambaPool(num_slots, num_layers, list(conv_shapes), temporal_shape, device=device)
         req_pool = HybridReqToTokenPool(max_running_requests, max_context_len, mamba_pool, config, device)
-        allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
-        if config.page_size == 1:
-            allocator = TokenToKVPoolAllocator(num_tokens, device)
-        else:
-            allocator = PagedTokenToKVPoolAllocator(num_tokens, config.page_size, device)
+        allocator = make_kv_allocator(num_tokens, config.page_size, device)
         return cls(config, req_pool, allocator, policy=policy)
 
     # -------------------------------------------------------------------------------------------- sizes

@@ -358,9 +358,10 @@ def _plant(monkeypatch, family: str, strategy: str, bug: str) -> dict[str, int]:
         strategy_cls = buffers.BUFFER_STRATEGIES[strategy]
         true_len = strategy_cls.checkpoint_len
 
-        def attach_off(self, req):
-            length = true_len(self, req)
-            if length is not None and req.cache_protected_len < length + shift <= req.kv_len:
+        def attach_off(self, req, pending=None):
+            length = true_len(self, req, pending)
+            kv_len = req.kv_len if pending is None else pending[0]  # pending: a commit's check before it runs
+            if length is not None and req.cache_protected_len < length + shift <= kv_len:
                 planted["changes"] += 1
                 return length + shift
             return length

@@ -7,6 +7,8 @@ contracts are in ``docs/architecture.md``. Every pool works on a chosen torch de
 anything on misuse.
 """
 
+import torch
+
 from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
 from mamba_radix.pools.kv_storage import (
     HybridLinearKVPool,
@@ -22,6 +24,7 @@ from mamba_radix.pools.token_allocator import TokenToKVPoolAllocator
 __all__ = [
     "HybridLinearKVPool",
     "HybridReqToTokenPool",
+    "KVAllocator",
     "LinearLayerCache",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
@@ -30,4 +33,18 @@ __all__ = [
     "ReqToTokenPool",
     "TokenToKVPoolAllocator",
     "get_last_loc",
+    "make_kv_allocator",
 ]
+
+KVAllocator = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+
+
+def make_kv_allocator(
+    num_tokens: int, page_size: int, device: str | torch.device = "cpu", *, backend: str = "auto"
+) -> KVAllocator:
+    """The KV index allocator for ``page_size`` (the one rule: token-granular at 1, paged above), over
+    ``num_tokens`` indices (paged: a multiple of ``page_size``, else :class:`InvalidArgument`).
+    O(num_tokens) to build the free list."""
+    if page_size == 1:
+        return TokenToKVPoolAllocator(num_tokens, device, backend=backend)
+    return PagedTokenToKVPoolAllocator(num_tokens, page_size, device, backend=backend)

@@ -30,7 +30,7 @@ from mamba_radix.cache import MambaRadixCache
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.lifecycle import ForwardPlan
-from mamba_radix.pools import HybridReqToTokenPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from mamba_radix.pools import HybridReqToTokenPool, make_kv_allocator
 from mamba_radix.reference_engine.models import HybridModel, SlotState
 from mamba_radix.request import Req
 
@@ -151,11 +151,7 @@ class ReferenceEngine:
         ``num_slots`` state slots of the model's shapes, ``max_running_requests`` request rows."""
         mamba_pool = model.new_mamba_pool(num_slots)
         req_pool = HybridReqToTokenPool(max_running_requests, max_context_len, mamba_pool, config)
-        if config.page_size == 1:
-            allocator: Any = TokenToKVPoolAllocator(num_tokens)
-        else:
-            allocator = PagedTokenToKVPoolAllocator(num_tokens, config.page_size)
-        cache = MambaRadixCache(config, req_pool, allocator)
+        cache = MambaRadixCache(config, req_pool, make_kv_allocator(num_tokens, config.page_size))
         return cls(model, cache, model.new_kv_pool(num_tokens, config.page_size), **kwargs)
 
     # ------------------------------------------------------------------------------------ requests

@@ -63,9 +63,9 @@ from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import (
     HybridReqToTokenPool,
+    KVAllocator,
     MambaPool,
-    PagedTokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
+    make_kv_allocator,
 )
 from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes
@@ -276,12 +276,9 @@ class Engine:
             temporal_dtype=torch.float32,
         )
         self.req_pool = HybridReqToTokenPool(self.max_running, max_context_len + 1, self.mamba_pool, config)
-        self.kv_pool: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
-        if config.page_size == 1:
-            self.kv_pool = TokenToKVPoolAllocator(num_tokens)
-        else:  # whole pages only: the capacity rounds down to a page multiple
-            page = config.page_size
-            self.kv_pool = PagedTokenToKVPoolAllocator(max(pools.kv_tokens // page, 1) * page, page)
+        page = config.page_size  # whole pages only: a paged capacity rounds down to a page multiple
+        kv_tokens = num_tokens if page == 1 else max(pools.kv_tokens // page, 1) * page
+        self.kv_pool: KVAllocator = make_kv_allocator(kv_tokens, page)
         self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool, policy=policy)
         if self.split is not None:
             self.split.attach(self.cache)
