@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from mamba_radix import strategies
-from mamba_radix.errors import ConfigError
+from mamba_radix.errors import ConfigError, InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig
@@ -111,6 +111,11 @@ class BufferStrategy:
             return None
         return req.kv_len if pending is None else pending[0]
 
+    def check_hand_over(self, req: Req, pool: HybridReqToTokenPool, verb: str) -> None:
+        """Raise :class:`InvalidArgument` if :meth:`unfinished_tree_slot` would refuse ``req`` (checked
+        before the caller allocates the fresh slot, so that a refusal leaks nothing). No side effects.
+        O(1)."""
+
     def unfinished_tree_slot(
         self, req: Req, pool: HybridReqToTokenPool, new_slot: int, check: bool = True
     ) -> tuple[int, bool]:
@@ -164,6 +169,16 @@ class ExtraBuffer(BufferStrategy):
         if pending is not None and pending[1] is not None:
             return pending[1]
         return req.mamba_last_track_seqlen
+
+    def check_hand_over(self, req: Req, pool: HybridReqToTokenPool, verb: str) -> None:
+        buffer = req.mamba_ping_pong_track_buffer
+        keep = pool.ping_pong_keep_idx(req)
+        if buffer is None or not 0 <= keep < len(buffer) or buffer[keep] < 0:
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} has no tracked slot in ping-pong entry {keep} to hand over "
+                f"(track buffer {buffer}); leave mamba_next_track_idx to the cache (under "
+                f"{self.name} it {'stays on the held entry' if self.config.is_lazy else 'flips after each track'})"
+            )
 
     def unfinished_tree_slot(
         self, req: Req, pool: HybridReqToTokenPool, new_slot: int, check: bool = True

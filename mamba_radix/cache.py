@@ -400,7 +400,7 @@ class MambaRadixCache:
             self.stats.hit_tokens += hit_len
             self.stats.kv_only_tokens += m.full_kv_hit_len - hit_len
         if req is not None:
-            req._defer_prefix_indices(result)  # the same tensor as result.device_indices, when read
+            req.defer_prefix_indices(result)  # the same tensor as result.device_indices, when read
             req.last_node = result.last_node
             req.cache_protected_len = hit_len  # len(device_indices), without torch's Python __len__
             req.mamba_branching_seqlen = result.mamba_branching_seqlen
@@ -574,6 +574,17 @@ class MambaRadixCache:
         """The KV indices of the nodes from below ``above`` down to ``node``, in order (a new tensor).
         O(path tokens)."""
         return self.tree.path_values(node, above=above)
+
+    def path_kv_chunks(self, node: TreeNode) -> tuple[torch.Tensor, ...]:
+        """The KV of the prefix ending at ``node``, as the path's node values from the root down (the
+        tensors themselves, read-only: the tree never writes a node's indices in place, so they stay
+        exact after a split or an eviction). O(path nodes), no copy."""
+        chunks = []
+        root = self.tree.root
+        while node is not root:
+            chunks.append(node.value)
+            node = node.parent  # type: ignore[assignment]
+        return tuple(reversed(chunks))
 
     def held_kv(self) -> HeldIndices:
         """Which KV indices the tree holds (the flags a public insert and the SGLang-named calls check

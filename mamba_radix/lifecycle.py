@@ -157,6 +157,24 @@ def _check_token_list(tokens: object, what: str) -> array:
     return _check_token_list_reference(tokens, what)
 
 
+class _PrefixKV:
+    """The KV indices of a prefix, from its path's node values, concatenated when first read (a
+    deferred ``req.prefix_indices``, :meth:`Req.defer_prefix_indices`)."""
+
+    __slots__ = ("_chunks", "_device")
+
+    def __init__(self, chunks: tuple[torch.Tensor, ...], device: torch.device) -> None:
+        self._chunks = chunks
+        self._device = device
+
+    @property
+    def device_indices(self) -> torch.Tensor:
+        """A new int64 tensor. O(prefix tokens)."""
+        if not self._chunks:
+            return torch.empty(0, dtype=torch.int64, device=self._device)
+        return torch.cat(self._chunks)
+
+
 class LifecycleCache(Protocol):
     """The cache contract the lifecycle is written against (:class:`~mamba_radix.cache.MambaRadixCache`
     implements it): its config, buffer strategy, research policy, counters and pools, and these calls.
@@ -194,6 +212,8 @@ class LifecycleCache(Protocol):
     def is_attached(self, node: TreeNode) -> bool: ...
 
     def path_kv(self, node: TreeNode, above: TreeNode) -> torch.Tensor: ...
+
+    def path_kv_chunks(self, node: TreeNode) -> tuple[torch.Tensor, ...]: ...
 
     def full_evictable_size(self) -> int: ...
 
@@ -668,13 +688,15 @@ class RequestLifecycle:
             row = self._row(req, "cache_unfinished_req")
         else:
             row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        cache_len = self._admitted(req, self._checkpoint_len(req, "cache_unfinished_req"))
+        cache_len = self._checkpoint_len(req, "cache_unfinished_req")
         protected = req.cache_protected_len
         if cache_len is not None and cache_len > protected:
             span = row[protected:cache_len]  # a view of the row, int32
-            if check:
+            if check:  # everything validated before the policy is asked or a slot allocated
                 self._check_request_kv(req, span, "cache_unfinished_req")
-            self._insert_checkpoint(req, span, cache_len, check)
+                self.buffer.check_hand_over(req, self.req_to_token_pool, "cache_unfinished_req")
+            if self._admitted(req, cache_len) is not None:
+                self._insert_checkpoint(req, span, cache_len, check)
         req.mamba_last_track_seqlen = None
 
     def _insert_checkpoint(self, req: Req, span: torch.Tensor, cache_len: int, check: bool = True) -> None:
@@ -707,6 +729,9 @@ class RequestLifecycle:
         self.cache.dec_lock_ref(old)
         req.last_node = done.node
         req.cache_protected_len = cache_len
+        # SGLang's contract: prefix_indices is the cached prefix, len == cache_protected_len (a scheduler
+        # reads it for the next chunk). Concatenated only if read: the hand-over stays O(new tokens).
+        req.defer_prefix_indices(_PrefixKV(self.cache.path_kv_chunks(done.node), self.cache.device))
 
     def _check_no_pending_insert(self, req: Req, insert: bool, verb: str) -> None:
         """An insert at finish must not follow an uncommitted plan: the model may have overwritten the

@@ -105,7 +105,7 @@ class Req:
             return self.origin_input_ids[:num_tokens]
         return _joined(self.origin_input_ids, self.output_ids[: num_tokens - n_in])
 
-    def _defer_prefix_indices(self, source: Any) -> None:
+    def defer_prefix_indices(self, source: Any) -> None:
         """Set ``prefix_indices`` to ``source.device_indices``, read on first access instead of now (the
         cache's admission match: the hit's KV is written into the request row from the tree's chunks,
         and the concatenated tensor, ~10 us on a 12k-token hit, is built only if someone reads it).
@@ -132,7 +132,7 @@ def _set_prefix_indices(self: Req, value: torch.Tensor) -> None:
 
 
 # ``prefix_indices`` stays a dataclass field (constructor argument, repr, fields(), replace()); reads and
-# writes go through this property so that the cache can defer the value (Req._defer_prefix_indices).
+# writes go through this property so that the cache can defer the value (Req.defer_prefix_indices).
 Req.prefix_indices = property(  # type: ignore[assignment]
     _get_prefix_indices,
     _set_prefix_indices,

@@ -220,7 +220,10 @@ def _is_int(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+    """A JSON number: an int (any size: math.isfinite would overflow on a huge one) or a finite float."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 class _RowReader:
@@ -248,12 +251,20 @@ class _RowReader:
         ts = self.require(row, line, "timestamp")
         if not _is_number(ts) or ts < 0:
             raise self.error(line, "timestamp", f"must be a finite number >= 0 (ms), got {ts!r}")
+        try:
+            ts = float(ts)  # an int too large for a float (JSON has no bound) is refused here, typed
+        except OverflowError:
+            raise self.error(
+                line,
+                "timestamp",
+                f"must be a finite number >= 0 (ms); got an integer of {len(str(ts))} digits",
+            ) from None
         if ts < self.prev_timestamp:
             raise self.error(
                 line, "timestamp", f"goes backwards ({ts} < {self.prev_timestamp}); sort the trace"
             )
         self.prev_timestamp = ts
-        return float(ts)
+        return ts
 
     def int_field(self, row: dict[str, Any], line: int, name: str, minimum: int) -> int:
         value = self.require(row, line, name)
