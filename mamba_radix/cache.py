@@ -2,18 +2,11 @@
 
 The tree (:mod:`mamba_radix.tree`) decides what to keep and what to evict and returns what it released;
 this module returns it to the KV allocator and the state pool, allocates the slots a checkpoint needs
-(evicting when short), copies states (copy-on-write of a hit, no_buffer chunk ends) and runs the request
-lifecycle of each buffer strategy (``reference/sglang-semantics.md`` §4.7-4.8, §7).
+(evicting when short) and copies states (copy-on-write of a hit). The request lifecycle is a layer over
+it (:mod:`mamba_radix.lifecycle`, built as ``cache.lifecycle``; the cache forwards its calls).
 
-Region map of a running request (see :mod:`mamba_radix.request`)::
-
-    [0, cache_protected_len)          tree-owned KV, locked through req.last_node (its checkpoint is
-                                      mamba-locked); req_to_token holds the tree's indices there
-    [cache_protected_len, kv_len)     request-owned KV: inserted (and deduplicated) by
-                                      cache_unfinished_req, inserted or freed by cache_finished_req
-    live slot / ping-pong slots       request-owned states; a tracked ping-pong slot is donated to the
-                                      tree without a copy (extra_buffer), the live slot is copied at
-                                      chunk ends and donated at finish (no_buffer)
+The region map of a running request (what the tree owns, what the request owns) is in one place: the
+module docstring of :mod:`mamba_radix.lifecycle`.
 
 Slot exhaustion never raises: a checkpoint that cannot get a slot even after eviction is skipped and
 counted in :attr:`MambaRadixCache.stats`.

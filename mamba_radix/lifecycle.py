@@ -22,7 +22,8 @@ Region map of a running request (the tree owns what is below ``cache_protected_l
     [0, cache_protected_len)          tree KV, locked through req.last_node (its checkpoint mamba-locked)
     [cache_protected_len, kv_len)     the request's KV: inserted (deduplicated) by cache_unfinished_req,
                                       inserted up to the newest checkpoint and freed past it at finish
-    [kv_len, plan.end)                KV of an extend not yet committed (freed by an abort)
+    [kv_len, plan.end)                KV of an extend not yet committed (an abort frees it together with
+                                      the request's own KV: a plan may continue its last page)
     live slot                         the state at kv_len (plan.end once the model ran)
     track slots (ping-pong)           the newest tracked checkpoint, at mamba_last_track_seqlen
 

@@ -13,13 +13,8 @@ Field ownership (one writer per field):
   :meth:`~mamba_radix.lifecycle.RequestLifecycle.commit`), ``kv_reserved_tokens``, ``prefill_chunks``,
   ``pending_plan``, ``finished``.
 
-Region map of a running request's token positions::
-
-    [0, cache_protected_len)          KV owned by the tree (locked through last_node); read-only
-    [cache_protected_len, kv_len)     KV owned by the request (its req_to_token row), freed or donated
-                                      by cache_unfinished_req / cache_finished_req
-    live state (mamba_pool_idx)       valid at kv_len, owned by the request
-    track slots (ping-pong)           a checkpoint at mamba_last_track_seqlen, donated to the tree
+The region map of a running request (who owns which positions and slots) is in one place: the
+module docstring of :mod:`mamba_radix.lifecycle`.
 """
 
 from __future__ import annotations
