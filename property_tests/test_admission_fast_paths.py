@@ -15,7 +15,7 @@ from mamba_radix import CacheConfig, InvalidArgument, MambaRadixCache, Req, stra
 from mamba_radix.buffers import buffer_strategy
 from mamba_radix.cache import MatchResult
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool
-from mamba_radix.pools.free_list import make_free_list
+from mamba_radix.pools.free_lists import make_free_list
 
 CPU = torch.device("cpu")
 
@@ -236,6 +236,11 @@ class Recorder:
         return result
 
 
+def cached_prefix(cache: MambaRadixCache, req: Req) -> list[int]:
+    """The row's ``[0, cache_protected_len)``: the tree's KV of the request's cached prefix now."""
+    return cache.req_to_token_pool.req_to_token[req.req_pool_idx][: req.cache_protected_len].tolist()
+
+
 @given(
     prompts=st.lists(
         st.tuples(st.integers(0, 2), st.lists(st.integers(1, 3), min_size=1, max_size=24)),
@@ -248,7 +253,9 @@ def test_lazy_prefix_indices_equal_the_eager_hit_and_the_row(prompts, page) -> N
     """Two caches serve the same requests (each kept running for two more admissions, so that
     evictions, splits and hand-overs happen while it runs); one reads ``req.prefix_indices`` and the
     match's ``device_indices`` right after admission (the eager form), the other only when the request
-    finishes. Both give the row's ``[0, hit)`` as written at admission, and the caches end equal."""
+    finishes. The early read gives the row's ``[0, hit)`` as written at admission; the late one the row's
+    ``[0, cache_protected_len)`` then (after its hand-overs, SGLang's contract: the cached prefix); and the
+    caches end equal."""
     config = CacheConfig(
         mamba_radix_cache_strategy="extra_buffer",
         page_size=page,
@@ -269,7 +276,7 @@ def test_lazy_prefix_indices_equal_the_eager_hit_and_the_row(prompts, page) -> N
         for rid, (stem, tail) in enumerate(prompts):
             while len(running) >= 2:  # finish the oldest: the late read, then its row is freed
                 req, row_at_admission, read_early = running.pop(0)
-                assert req.prefix_indices.tolist() == row_at_admission
+                assert req.prefix_indices.tolist() == cached_prefix(cache, req)
                 if read_early is not None:
                     assert read_early == row_at_admission
                 cache.finish(req)
@@ -284,8 +291,8 @@ def test_lazy_prefix_indices_equal_the_eager_hit_and_the_row(prompts, page) -> N
                 assert req.prefix_indices.dtype == torch.int64 and len(read_early) == hit
             running.append((req, row, read_early))
             prefill(cache, req, chunk=4)
-        for req, row_at_admission, _ in running:
-            assert req.prefix_indices.tolist() == row_at_admission
+        for req, _, _ in running:
+            assert req.prefix_indices.tolist() == cached_prefix(cache, req)
             cache.finish(req)
         cache.check_invariants([])
         assert len(recorder.results) == len(prompts)

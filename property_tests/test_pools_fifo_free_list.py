@@ -11,7 +11,10 @@ from hypothesis.stateful import invariant, rule
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex
 from mamba_radix.pools import MambaPool
-from mamba_radix.pools.free_list import FifoFreeList, FreeList, HostFreeList, make_free_list
+from mamba_radix.pools.fifo_free_list import FifoFreeList
+from mamba_radix.pools.free_list import FreeList
+from mamba_radix.pools.free_lists import make_free_list
+from mamba_radix.pools.host_free_list import HostFreeList
 from property_tests.test_pools_free_list import FreeListDifferential
 
 CPU = torch.device("cpu")

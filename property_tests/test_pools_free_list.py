@@ -10,7 +10,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mamba_radix.errors import InvalidIndex
 from mamba_radix.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from mamba_radix.pools.free_list import FreeList, HostFreeList, make_free_list
+from mamba_radix.pools.free_list import FreeList
+from mamba_radix.pools.free_lists import make_free_list
+from mamba_radix.pools.host_free_list import HostFreeList
 
 CPU = torch.device("cpu")
 BACKENDS = ["host", "torch"]

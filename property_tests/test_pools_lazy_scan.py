@@ -9,7 +9,7 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from mamba_radix.pools.free_list import HostFreeList
+from mamba_radix.pools.host_free_list import HostFreeList
 from property_tests.test_pools_free_list import FreeListDifferential
 
 

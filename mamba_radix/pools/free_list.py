@@ -1,4 +1,5 @@
-"""A free list of integer ids ``1..num_ids`` with an allocation bitmap (id 0 is padding).
+"""The reference free list of integer ids ``1..num_ids`` with an allocation bitmap (id 0 is padding), and the
+free-list controls the token allocators share (:class:`FreeListBatching`).
 
 The building block of the token allocators (ids are KV indices or pages) and of :class:`MambaPool`
 (ids are state slots). SGLang semantics (seed 003, ``reference/sglang-semantics.md`` §6):
@@ -19,30 +20,20 @@ ends, 0 (padding) and ``num_ids + 1`` (a sentinel), are never set, so clamping a
 check fails are the precise diagnostics of :mod:`._indices` run (which value, which rule), so the cost of
 a good error message is paid only by a bad call.
 
-Two implementations with one behaviour (a differential test drives them side by side):
-
-- :class:`FreeList`, plain torch, any device. ``alloc`` never syncs with the host; a checked ``free`` syncs
-  once (one fused ``all()``), an unchecked one never.
-- :class:`HostFreeList`, for CPU pools. The same tensors, read and written through numpy views of their
-  memory: a numpy call on a small array costs ~0.3 us where the torch call costs 2-5 us, and the
-  allocators' per-call cost is nothing but such small calls. It is independent of
-  ``torch.get_num_threads()`` (numpy runs these on one thread).
-
-And one for the state pool on the CPU, :class:`FifoFreeList`: without ``need_sort`` a merge only
-concatenates, in the order of the frees, so the free list is a FIFO queue (SGLang's ``MambaPool`` appends
-freed slots to its free tensor); this one keeps it as a queue of Python ints and never merges.
-
-:func:`make_free_list` picks one by device (and ``backend``).
+:class:`FreeList` is plain torch and runs on any device: ``alloc`` never syncs with the host; a checked
+``free`` syncs once (one fused ``all()``), an unchecked one never. It is the behaviour every variant must
+match: the CPU variants (:mod:`.host_free_list`, :mod:`.fifo_free_list`) hand out the same ids in the same
+order, and differential tests replay them side by side. Its representation is reached only through the
+hooks at the end of the class (``_mark``, ``_park``, ``_cat``, ...), which is what a variant overrides;
+the lazy-merge hooks (``_unlisted``, ``_list_more``, ``_lazy_scan``, ``_unpend``, ``_repend``) do nothing
+here. A pool gets its free list from :func:`.free_lists.make_free_list`, which picks the variant.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
-import numpy as np
 import torch
 
-from mamba_radix.errors import InvalidArgument, InvariantError
+from mamba_radix.errors import InvariantError
 from mamba_radix.pools._indices import (
     allocate_tensor,
     as_index_tensor,
@@ -52,7 +43,7 @@ from mamba_radix.pools._indices import (
     check_no_duplicates,
 )
 
-__all__ = ["FifoFreeList", "FreeList", "HostFreeList", "make_free_list"]
+__all__ = ["FreeList", "FreeListBatching"]
 
 # A need_sort merge of a free list this large (relative to the pool) reads the bitmap instead of sorting:
 # the free ids in ascending order are exactly the unset bits, an O(num_ids) scan that beats sorting once
@@ -477,274 +468,6 @@ class FreeList:
         return torch.equal(self._buf[start:end], ids)
 
 
-class HostFreeList(FreeList):
-    """:class:`FreeList` for a CPU pool: the same tensors, worked on through numpy views of their memory.
-
-    ``allocated`` and ``_scratch`` are torch tensors whose numpy views (``_alloc_np``, ``_scratch_np``)
-    share their memory, so both always agree. The free list buffer itself is a numpy array (``_buf`` and
-    ``_buf_np`` are the same array): a merge builds it with one ``np.concatenate`` and no tensor (a tensor
-    built and dropped per merge costs ~4 us; the state pool, nearly full of checkpoints, merges on about
-    every second one-slot allocation). Released chunks are numpy arrays (or lists of ints, from small
-    frees). ``alloc`` returns a tensor view of the buffer's memory, as the base class does;
-    :meth:`alloc_ints` returns Python ints without building a tensor.
-    """
-
-    def __init__(self, num_ids: int, device: torch.device, need_sort: bool, what: str) -> None:
-        if device.type != "cpu":
-            raise InvalidArgument(
-                f"HostFreeList works on CPU tensors only, not {device}; use backend='torch'"
-            )
-        self._pending: np.ndarray | None = None
-        super().__init__(num_ids, device, need_sort, what)  # checks the sizes first
-        if need_sort:
-            # released ids are marked pending (freed, not merged) so that the lazy scan of a merge (see
-            # _lazy_scan) skips them; 1 byte per id
-            marks = allocate_tensor("the pending marks", torch.zeros, num_ids + 2, dtype=torch.bool)
-            self._pending = marks.numpy()
-        self._alloc_np = self.allocated.numpy()
-        # what one-id reads and writes of the bitmap go through (FifoFreeList: a bytearray of it)
-        self._bits: np.ndarray | bytearray = self._alloc_np
-        self._scratch_np = self._scratch.numpy()
-
-    # A lazy scan lists at least this many ids at a time (the scan's per-call cost is then negligible).
-    LIST_CHUNK = 1 << 16
-
-    def clear(self) -> None:
-        super().clear()
-        if self._pending is not None:
-            self._pending[:] = False
-
-    @property
-    def free_pages(self) -> torch.Tensor:
-        """As :attr:`FreeList.free_pages`; while part of the merged list is still unlisted, a new tensor
-        of the listed head and the rest of the scan (O(num_ids): for inspection and tests)."""
-        if not self._unlisted:
-            return torch.from_numpy(self._buf_np[self._head :])
-        rest = self._scan_range(self._scan_pos, self.num_ids + 1)
-        return self._to_tensor(np.concatenate([self._buf_view(), rest]))
-
-    def _scan_range(self, start: int, stop: int) -> np.ndarray:
-        """Free, not pending ids in ``[start, stop)``, ascending. O(stop - start)."""
-        free = self._alloc_np[start:stop] | self._pending[start:stop]  # type: ignore[index]
-        return np.flatnonzero(~free) + start
-
-    def _lazy_scan(self, total: int) -> bool:
-        """The scan merge without the scan: after the pending marks of the merged chunks were cleared,
-        the merged free list is exactly the unset bits of the bitmap, ascending, so it is listed
-        segment by segment as allocations reach it (:meth:`_list_more`) instead of materialising all
-        of it at once (an O(num_ids) spike: 30-60 ms on an 8M-token pool). O(chunks merged)."""
-        self._set_buffer(np.empty(0, dtype=np.int64))
-        self._unlisted, self._scan_pos = total, 1
-        self._released, self._num_released = [], 0
-        if self._group:
-            self._group, self._num_in_group = [], 0
-        return True
-
-    def _list_more(self, need: int) -> None:
-        """List at least ``need`` more ids of the lazily merged free list (``LIST_CHUNK`` at least, when
-        that many remain) after the listed head. O(ids listed + bitmap span scanned)."""
-        want = min(self._unlisted, max(need, self.LIST_CHUNK))
-        pieces, got, pos, stop = [self._buf_view()], 0, self._scan_pos, self.num_ids + 1
-        while got < want:
-            if pos >= stop:
-                raise InvariantError(
-                    f"free list scan found {got} of {want} unlisted {self.what}s (a bookkeeping bug)"
-                )
-            # the expected span for what is missing, from the density of what is left, plus slack
-            span = (want - got) * (stop - pos) // max(self._unlisted - got, 1)
-            end = min(stop, pos + span + span // 4 + 1024)
-            found = self._scan_range(pos, end)
-            if got + len(found) > want:
-                found = found[: want - got]
-                end = int(found[-1]) + 1
-            pieces.append(found)
-            got += len(found)
-            pos = end
-        self._scan_pos = pos
-        self._unlisted -= got
-        self._set_buffer(self._as_buffer(np.concatenate(pieces)))
-
-    def _unpend(self, chunks: list) -> None:
-        if self._pending is not None:
-            for chunk in chunks:
-                self._pending[chunk] = False
-
-    def _repend(self, chunks: list) -> None:
-        if self._pending is not None:
-            for chunk in chunks:
-                self._pending[chunk] = True
-
-    def _set_buffer(self, buf: torch.Tensor | np.ndarray) -> None:  # type: ignore[override]
-        """The buffer as a numpy int64 array (a tensor is viewed, sharing its memory)."""
-        arr = buf if type(buf) is np.ndarray else buf.numpy()  # type(): torch's isinstance hook is slow
-        self._buf = self._buf_np = arr
-        self._head = 0
-        self._buf_len = len(arr)
-
-    def _as_buffer(self, chunk: np.ndarray) -> np.ndarray:  # type: ignore[override]
-        return np.ascontiguousarray(chunk, dtype=np.int64)
-
-    def _buffer_equals(self, start: int, end: int, ids: torch.Tensor) -> bool:
-        return bool(np.array_equal(self._buf_np[start:end], ids.numpy()))
-
-    def alloc_ints(self, num_ids: int) -> list[int] | None:
-        """As :meth:`FreeList.alloc_ints`, without a tensor: ~0.5 us for one id where :meth:`alloc` plus
-        ``tolist`` costs ~2.5 us."""
-        head = self._take(num_ids)
-        if head is None:
-            return None
-        if num_ids == 1:  # a scalar read and store
-            i = int(self._buf_np[head])
-            self._alloc_np[i] = True
-            return [i]
-        vals = self._buf_np[head : head + num_ids]
-        self._alloc_np[vals] = True
-        return vals.tolist()
-
-    def _mark(self, head: int, end: int, ids: torch.Tensor) -> None:
-        if end - head == 1:  # one slot: a scalar store, no index array
-            self._alloc_np[self._buf_np[head]] = True
-        else:
-            self._alloc_np[self._buf_np[head:end]] = True
-
-    def _slice(self, head: int, end: int) -> torch.Tensor:
-        # the same memory as _buf[head:end], built from the numpy view (~1.4 us instead of ~2.3)
-        return torch.from_numpy(self._buf_np[head:end])
-
-    def is_id_allocated(self, i: int) -> bool:
-        """As :meth:`FreeList.is_id_allocated`, one read of the host bitmap (~0.1 us)."""
-        return 0 < i <= self.num_ids and bool(self._bits[i])
-
-    # A free of up to this many ids is checked and applied in plain Python on ``ids.tolist()``: a few
-    # 0.1 us steps per id beat the ~0.5-1 us fixed cost of each numpy call (decode frees 1 id, a paged
-    # free of one page 16, a request's state slots a handful).
-    SMALL = 16
-
-    def free(self, ids: torch.Tensor, check: bool = True) -> None:
-        """As :meth:`FreeList.free`: the same checks and result, in Python for small frees and as a few
-        numpy calls on one view of ``ids`` otherwise."""
-        k = ids.numel()
-        if k == 0:
-            return
-        if k <= self.SMALL:
-            vals = ids.tolist()
-            if check and not (self._py_all_allocated(vals) and (k == 1 or len(set(vals)) == k)):
-                self._raise_bad_free(ids)
-            self._py_release(vals)
-            return
-        a = ids.numpy()
-        if check and not self._np_all_allocated_once(a):
-            self._raise_bad_free(ids)
-        self._alloc_np[a] = False
-        self._park(a.copy(), k)  # copy: own the storage, never alias the caller's tensor
-
-    def has_repeats(self, ids: torch.Tensor) -> bool:
-        """As :meth:`FreeList.has_repeats`, in numpy (~10x cheaper than ``torch.unique``'s sort)."""
-        if ids.numel() < 2:
-            return False
-        a = np.minimum(np.maximum(ids.numpy(), 0), self.num_ids + 1)  # np.clip's wrapper costs ~15 us
-        scratch, ranks = self._scratch_np, np.arange(len(a), dtype=np.int32)
-        scratch[a] = ranks
-        return not bool((scratch.take(a) == ranks).all())
-
-    def free_ints(self, ids: list[int], check: bool = True) -> None:
-        """As :meth:`FreeList.free_ints`, in plain Python (no tensor built): ~0.3 us per id."""
-        k = len(ids)
-        if k == 0:
-            return
-        if k > self.SMALL:
-            super().free_ints(ids, check)
-            return
-        if check and not (self._py_all_allocated(ids) and (k == 1 or len(set(ids)) == k)):
-            # the general path names the bad id precisely (an int beyond int64 included)
-            self._raise_bad_free(as_index_tensor(ids, self.device, self.what))
-        self._py_release(list(ids))
-
-    def free_containing(self, ids: torch.Tensor, divisor: int, check: bool = True) -> None:
-        """As :meth:`FreeList.free_containing`. Each distinct id is kept at its last occurrence, in
-        order, on both paths."""
-        k = ids.numel()
-        if k == 0:
-            return
-        if k <= self.SMALL:
-            divided = [v // divisor for v in ids.tolist()]
-            if check and not self._py_all_allocated(divided):
-                self._raise_bad_free(torch.tensor(divided, dtype=torch.int64))
-            self._py_release(list(dict.fromkeys(reversed(divided)))[::-1] if k > 1 else divided)
-            return
-        divided = ids.numpy() // divisor  # a new array, owned
-        if check and not self._alloc_np.take(divided, mode="clip").all():
-            self._raise_bad_free(torch.from_numpy(divided))
-        # In range now (checked, or trusted), so plain fancy indexing, ~2x cheaper than put(mode="clip").
-        scratch, ranks = self._scratch_np, np.arange(k, dtype=np.int32)
-        scratch[divided] = ranks  # the last write of a repeated id survives
-        divided = divided[scratch.take(divided) == ranks]
-        self._alloc_np[divided] = False
-        self._park(divided, len(divided))
-
-    def _park(self, chunk: object, count: int) -> None:
-        """As :meth:`FreeList._park`, coalescing consecutive small frees (lists of ints) into one list:
-        a pool that frees and takes one slot at a time (the state pool, nearly full of checkpoints)
-        then converts one list per merge instead of one per free. Order is kept."""
-        self._pre_merge = None  # a free since the last alloc: undo_alloc falls back to a plain free
-        if self._pending is not None:
-            self._pending[chunk] = True
-        target = self._group if self._group is not None else self._released
-        if type(chunk) is list and target and type(target[-1]) is list:
-            target[-1].extend(chunk)
-        else:
-            target.append(chunk)
-        if self._group is not None:
-            self._num_in_group += count
-        else:
-            self._num_released += count
-
-    def _py_all_allocated(self, vals: list[int]) -> bool:
-        bits, high = self._bits, self.num_ids
-        return all(0 < v <= high and bits[v] for v in vals)
-
-    def _py_release(self, vals: list[int]) -> None:
-        bits = self._bits
-        for v in vals:
-            bits[v] = False
-        self._park(vals, len(vals))  # a fresh list: owned, no copy needed; np.concatenate takes lists
-
-    def _all_allocated(self, ids: torch.Tensor) -> bool:
-        # take(mode="clip") clamps into 0..num_ids + 1, whose ends are never set: range + bitmap in one.
-        return bool(self._alloc_np.take(ids.numpy(), mode="clip").all())
-
-    def _np_all_allocated_once(self, a: np.ndarray) -> bool:
-        """In range, allocated and no repeats, as the torch backend's fused mask; here two passes, as
-        the range check lets the repeat check use plain fancy indexing (~2x cheaper than clipping)."""
-        if not self._alloc_np.take(a, mode="clip").all():
-            return False
-        scratch, ranks = self._scratch_np, np.arange(len(a), dtype=np.int32)
-        scratch[a] = ranks
-        return bool((scratch.take(a) == ranks).all())
-
-    def _buf_view(self) -> np.ndarray:
-        return self._buf_np[self._head :]
-
-    def _cat(self, chunks: list) -> np.ndarray:
-        # Empty chunks dropped first: a merge is most often an exhausted buffer plus one coalesced list
-        # of freed slots, and converting that list alone (~0.5 us) beats np.concatenate (~2 us).
-        full = [c for c in chunks if len(c)]
-        if len(full) > 1:
-            return np.concatenate(full)
-        if not full:
-            return np.empty(0, dtype=np.int64)
-        only = full[0]
-        return only if type(only) is np.ndarray else np.array(only, dtype=np.int64)
-
-    def _sorted(self, ids: np.ndarray) -> np.ndarray:
-        # Stable (timsort for int64): the merged free list is an ascending run followed by the released
-        # chunks, which timsort merges in ~O(n + r log r) where a quicksort pays O(n log n).
-        return np.sort(ids, kind="stable")
-
-    def _to_tensor(self, chunk: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.int64))
-
-
 class FreeListBatching:
     """The free-list controls both token allocators share (a mixin over ``self._free_list``).
 
@@ -781,127 +504,3 @@ class FreeListBatching:
     def merge_and_sort_free(self) -> None:
         """Merge released ids into the free list now (sorted when ``need_sort``). O(free ids)."""
         self._free_list.merge()
-
-
-class FifoFreeList(HostFreeList):
-    """:class:`HostFreeList` without ``need_sort``, kept as one FIFO queue of Python ints: for the state
-    pool, whose allocations and frees are a few slots each.
-
-    Without ``need_sort`` a merge concatenates the rest of the buffer and the freed chunks in the order
-    they were freed (an open group's last), so every ``alloc`` hands out the ids in the order they became
-    free: exactly a queue, which this class keeps built instead of merging. Why: the state pool, nearly
-    full of checkpoints, merges on about every second one-slot allocation, and a merge builds a numpy
-    array (~1 us warm, ~10 us with cold CPU caches, as when the calls interleave with other work); here an
-    allocation is a ``popleft`` and a bitmap store.
-
-    The same ids in the same order as :class:`HostFreeList` (``property_tests/test_pools_fifo_free_list.py``
-    replays both), the same checks (inherited: the bitmap and the scratch are the same tensors). What
-    differs is only what is visible of the representation: nothing is ever pending, so ``release_pages``
-    is empty and ``free_pages`` lists every free id; ``merge`` and the free groups change nothing (a
-    group's frees are queued as they come, which is where its concatenation would put them).
-    ``undo_alloc`` is exact for the most recent ``alloc`` (the ids go back to the front) unless ``merge``
-    ran since, else a checked ``free``. O(k) per call, in Python: not for allocations of thousands of ids (the token pools).
-    """
-
-    def __init__(self, num_ids: int, device: torch.device, what: str) -> None:
-        super().__init__(num_ids, device, False, what)
-        # The bitmap's memory is a bytearray, with the tensor and the numpy array as views of it: the
-        # per-slot reads and writes go through the bytearray (a store in CPython's core; numpy's scalar
-        # __setitem__ costs ~4 us more with cold caches), the checks over many ids through the views.
-        self._bits = flags = bytearray(num_ids + 2)
-        self.allocated = torch.frombuffer(flags, dtype=torch.bool)
-        self._alloc_np = np.frombuffer(flags, dtype=np.bool_)
-
-    def clear(self) -> None:
-        self._queue: deque[int] = deque(range(1, self.num_ids + 1))
-        self._last_taken: list[int] | None = None  # the most recent alloc's ids (undo_alloc's test)
-        self.allocated.zero_()
-
-    @property
-    def free_pages(self) -> torch.Tensor:
-        """Every free id, in the order ``alloc`` hands them out (a new tensor). O(free ids)."""
-        return torch.tensor(list(self._queue), dtype=torch.int64)
-
-    @property
-    def available(self) -> int:
-        return len(self._queue)
-
-    @property
-    def release_pages(self) -> torch.Tensor:
-        """Always empty: a freed id joins the queue at once."""
-        return torch.empty(0, dtype=torch.int64)
-
-    def alloc(self, num_ids: int) -> torch.Tensor | None:
-        """As :meth:`FreeList.alloc`, as a new tensor (not a view of any buffer). O(num_ids)."""
-        ids = self.alloc_ints(num_ids)
-        return None if ids is None else torch.tensor(ids, dtype=torch.int64)
-
-    def alloc_ints(self, num_ids: int) -> list[int] | None:
-        """As :meth:`FreeList.alloc_ints`: ``num_ids`` ids from the front of the queue, or ``None`` and
-        nothing taken. O(num_ids)."""
-        queue = self._queue
-        if num_ids > len(queue):
-            return None
-        if num_ids == 1:  # one popleft, one byte stored
-            i = queue.popleft()
-            self._bits[i] = True
-            self._last_taken = [i]
-            return [i]
-        ids = [queue.popleft() for _ in range(num_ids)]
-        self._alloc_np[ids] = True
-        self._last_taken = ids[:]  # the caller may change its list
-        return ids
-
-    def undo_alloc(self, ids: torch.Tensor) -> None:
-        """As :meth:`FreeList.undo_alloc`: the most recent ``alloc``'s ids go back to the front, in order
-        (frees since then stay behind them, as in :class:`HostFreeList`); other ids are freed, checked."""
-        if ids.numel() == 0:
-            return
-        vals = ids.tolist()
-        if vals == self._last_taken:
-            self._last_taken = None
-            self._alloc_np[vals] = False
-            self._queue.extendleft(reversed(vals))
-            return
-        self.free(ids, check=True)
-
-    def _park(self, chunk: object, count: int) -> None:
-        # every free ends here, its checks done and its bits cleared: the ids join the queue's back
-        self._queue.extend(chunk if type(chunk) is list else chunk.tolist())  # type: ignore[attr-defined]
-
-    def listed_free_ids(self) -> torch.Tensor:
-        """The queue, front first (a new tensor). O(free ids)."""
-        return torch.tensor(list(self._queue), dtype=torch.int64)
-
-    def merge(self) -> None:
-        """Nothing to merge: freed ids are queued as they come. As on the host (a merge rebuilds its
-        buffer), a later ``undo_alloc`` is then a checked free. O(1)."""
-        self._last_taken = None
-
-    def free_group_begin(self) -> None:
-        """Nothing to collect: a group's frees are queued in order, where its concatenation would go."""
-
-    def free_group_end(self) -> None:
-        """See :meth:`free_group_begin`."""
-
-
-def make_free_list(
-    num_ids: int, device: torch.device, need_sort: bool, what: str, backend: str = "auto"
-) -> FreeList:
-    """A free list for ``device``: :class:`HostFreeList` on CPU, :class:`FreeList` elsewhere.
-
-    ``backend="torch"`` forces the device implementation (tests run it on CPU to cover the GPU path);
-    ``"host"`` forces the numpy one (CPU only); ``"fifo"`` the queue (CPU, without ``need_sort``; the state
-    pool's choice on the CPU, see :class:`FifoFreeList`).
-    """
-    if backend == "auto":
-        backend = "host" if device.type == "cpu" else "torch"
-    if backend == "host":
-        return HostFreeList(num_ids, device, need_sort, what)
-    if backend == "torch":
-        return FreeList(num_ids, device, need_sort, what)
-    if backend == "fifo":
-        if need_sort:
-            raise InvalidArgument("backend='fifo' keeps ids in the order they were freed; it cannot sort")
-        return FifoFreeList(num_ids, device, what)
-    raise InvalidArgument(f"backend must be 'auto', 'host', 'torch' or 'fifo', got {backend!r}")

@@ -30,7 +30,7 @@ from mamba_radix.pools._indices import (
     resolve_device,
 )
 from mamba_radix.pools.capacity_limit import CapacityLimit
-from mamba_radix.pools.free_list import make_free_list
+from mamba_radix.pools.free_lists import make_free_list
 
 __all__ = ["MambaPool"]
 
@@ -67,7 +67,7 @@ class MambaPool(CapacityLimit):
     bytes one slot occupies over all layers, conv and temporal (``conv_bytes_per_slot`` +
     ``temporal_bytes_per_slot``). Slot handling is O(k) per call; the free list never sorts.
     ``backend``: the free list implementation, as for :class:`TokenToKVPoolAllocator`, plus ``"fifo"``
-    (:class:`~mamba_radix.pools.free_list.FifoFreeList`), which ``"auto"`` picks on the CPU.
+    (:class:`~mamba_radix.pools.fifo_free_list.FifoFreeList`), which ``"auto"`` picks on the CPU.
     """
 
     def __init__(

@@ -25,7 +25,8 @@ from mamba_radix.pools._indices import (
     check_size,
     resolve_device,
 )
-from mamba_radix.pools.free_list import FreeListBatching, make_free_list
+from mamba_radix.pools.free_list import FreeListBatching
+from mamba_radix.pools.free_lists import make_free_list
 
 __all__ = ["PagedTokenToKVPoolAllocator", "get_last_loc"]
 

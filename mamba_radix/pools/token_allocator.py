@@ -13,7 +13,8 @@ import torch
 
 from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_count, check_size, resolve_device
 from mamba_radix.pools.capacity_limit import CapacityLimit
-from mamba_radix.pools.free_list import FreeListBatching, make_free_list
+from mamba_radix.pools.free_list import FreeListBatching
+from mamba_radix.pools.free_lists import make_free_list
 
 __all__ = ["TokenToKVPoolAllocator"]
 
@@ -25,7 +26,7 @@ class TokenToKVPoolAllocator(CapacityLimit, FreeListBatching):
     sum to ``capacity`` (``size`` unless :meth:`set_capacity` lowered it). Every method is O(k) in the
     indices it takes or returns, except ``clear`` and ``allocated_indices`` (O(size), not for hot paths).
 
-    ``backend`` picks the free list implementation (see :mod:`.free_list`): ``"auto"`` (numpy views on
+    ``backend`` picks the free list implementation (see :mod:`.free_lists`): ``"auto"`` (numpy views on
     CPU, torch elsewhere); ``"torch"`` forces the device one, which tests use to cover it on CPU.
     """
 
