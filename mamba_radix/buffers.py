@@ -61,9 +61,9 @@ class BufferStrategy:
         self.config = config
         # The frozen config's derived counts, read once: its properties recompute them on every read
         # (~1 us each through the chain), and admission reads them per request.
-        ping_pong = config.ping_pong_size
-        self._track_slots = 0 if ping_pong == 0 else (1 if config.is_lazy else ping_pong)
-        self.per_chunk_headroom_slots = config.per_chunk_headroom_slots
+        budget = config.slot_budget
+        self._track_slots = budget.track_slots_held
+        self.per_chunk_headroom_slots = budget.per_chunk_headroom
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.strategy!r})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Literal
 
 from mamba_radix.errors import ConfigError
@@ -28,6 +29,7 @@ __all__ = [
     "EvictionOrder",
     "LruRefresh",
     "ResolvedStrategy",
+    "SlotBudget",
     "SlotHeadroom",
     "Strategy",
 ]
@@ -79,6 +81,59 @@ def _asked(asked: str, strategy: str) -> str:
     return f"mamba_radix_cache_strategy={asked!r}" + (
         "" if asked == strategy else f" (resolved to {strategy})"
     )
+
+
+@dataclass(frozen=True)
+class SlotBudget:
+    """The state slots one running request needs, derived once from a :class:`CacheConfig`
+    (:attr:`CacheConfig.slot_budget`): the one home of these rules, read by the buffer strategies, the
+    request pool, the position rules, the planner and the invariant suite's parameters.
+
+    - ``ping_pong_entries``: entries of a request's track buffer: 0 (no_buffer, disabled), 1 (eager
+      without overlap), 2 (eager with overlap; lazy, whose second entry is -1 except around a boundary);
+    - ``track_slots_held``: track slots a request holds from admission (lazy: 1; eager: every entry);
+    - ``reserved_per_request``: slots SGLang reserves per running request (``_calculate_mamba_ratio``):
+      3 (2 with ``skip_decode_lock``) plus the track slots, 3 under no_buffer, 1 with the radix cache off;
+    - ``decode_slots_in_use``: slots a decoding request actually occupies: its live slot, the track slots
+      it holds and the checkpoint it continues from, locked (not under ``skip_decode_lock``);
+    - ``per_chunk_headroom``: free slots ``mamba_slot_headroom="per_chunk"`` wants before a prefill chunk
+      (SGLang 0.5.20; 0 with ``exact``).
+    """
+
+    ping_pong_entries: int
+    track_slots_held: int
+    reserved_per_request: int
+    decode_slots_in_use: int
+    per_chunk_headroom: int
+
+    @classmethod
+    def of(cls, config: CacheConfig) -> SlotBudget:
+        """Derive the budget from ``config`` (validated). O(1)."""
+        if not config.uses_extra_buffer:
+            entries = held = 0
+        else:
+            entries = 2 if config.is_lazy or config.overlap else 1
+            held = 1 if config.is_lazy else entries
+        if config.strategy == "no_buffer":
+            reserved = BASE_SLOTS_PER_REQUEST
+        else:
+            base = (
+                BASE_SLOTS_PER_REQUEST_SKIP_DECODE_LOCK if config.skip_decode_lock else BASE_SLOTS_PER_REQUEST
+            )
+            reserved = base + held
+        in_use = 1 + held + (0 if config.skip_decode_lock else 1)
+        headroom = 0
+        if config.mamba_slot_headroom == "per_chunk":
+            headroom = PER_CHUNK_HEADROOM_SLOTS_LAZY if config.is_lazy else PER_CHUNK_HEADROOM_SLOTS
+        if config.disable_radix_cache:  # one live slot is reserved; the track buffer is still built
+            reserved = in_use = 1
+            headroom = 0
+        return cls(entries, held, reserved, in_use, headroom)
+
+    def admission_slots(self, has_live_slot: bool, has_track_buffer: bool) -> int:
+        """Slots admitting a request takes: a live slot unless it has one (a copy-on-write hit gave it
+        one), plus its track slots unless it has a track buffer. O(1)."""
+        return (0 if has_live_slot else 1) + (0 if has_track_buffer else self.track_slots_held)
 
 
 @dataclass(frozen=True)
@@ -302,28 +357,20 @@ class CacheConfig:
     def is_lazy(self) -> bool:
         return self.strategy == "extra_buffer_lazy"
 
+    @cached_property
+    def slot_budget(self) -> SlotBudget:
+        """The state slots one running request needs (:class:`SlotBudget`), derived once."""
+        return SlotBudget.of(self)
+
     @property
     def ping_pong_size(self) -> int:
-        """Entries of a request's track buffer: 0 (no_buffer), 1 (eager, no overlap), 2 (eager with
-        overlap, or lazy, where the second entry is -1 except around a boundary)."""
-        if not self.uses_extra_buffer:
-            return 0
-        if self.is_lazy:
-            return 2
-        return 2 if self.overlap else 1
+        """Entries of a request's track buffer (:attr:`SlotBudget.ping_pong_entries`)."""
+        return self.slot_budget.ping_pong_entries
 
     @property
     def slots_per_request(self) -> int:
-        """State slots reserved per running request (SGLang's ``_calculate_mamba_ratio``)."""
-        if self.disable_radix_cache:
-            return 1
-        base = BASE_SLOTS_PER_REQUEST_SKIP_DECODE_LOCK if self.skip_decode_lock else BASE_SLOTS_PER_REQUEST
-        strategy = self.strategy
-        if strategy == "no_buffer":
-            return BASE_SLOTS_PER_REQUEST
-        if strategy == "extra_buffer_lazy":
-            return base + 1
-        return base + (2 if self.overlap else 1)
+        """State slots reserved per running request (:attr:`SlotBudget.reserved_per_request`)."""
+        return self.slot_budget.reserved_per_request
 
     @property
     def mamba_checkpoint_grid(self) -> int:
@@ -332,10 +379,8 @@ class CacheConfig:
 
     @property
     def per_chunk_headroom_slots(self) -> int:
-        """Free slots ``per_chunk`` headroom wants per request before a prefill chunk (0 with ``exact``)."""
-        if self.mamba_slot_headroom != "per_chunk" or self.disable_radix_cache:
-            return 0
-        return PER_CHUNK_HEADROOM_SLOTS_LAZY if self.is_lazy else PER_CHUNK_HEADROOM_SLOTS
+        """Free slots ``per_chunk`` headroom wants before a prefill chunk (:attr:`SlotBudget.per_chunk_headroom`)."""
+        return self.slot_budget.per_chunk_headroom
 
     def max_running_requests(self, num_slots: int) -> int:
         """Requests the state pool admits at once: ``num_slots // slots_per_request``."""

@@ -141,10 +141,9 @@ def admission_slots(config: CacheConfig, req: Req) -> int:
     """State slots :meth:`HybridReqToTokenPool.alloc` takes to admit ``req``: a live slot unless it has
     one (a copy-on-write hit gave it one), plus its track buffer unless it has one (``P`` eager, 1 lazy).
     O(1)."""
-    live = 1 if req.mamba_pool_idx is None else 0
-    if config.ping_pong_size == 0 or req.mamba_ping_pong_track_buffer is not None:
-        return live
-    return live + (1 if config.is_lazy else config.ping_pong_size)
+    return config.slot_budget.admission_slots(
+        req.mamba_pool_idx is not None, req.mamba_ping_pong_track_buffer is not None
+    )
 
 
 def max_checkpoints_per_request(config: CacheConfig, input_len: int) -> int:

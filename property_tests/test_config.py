@@ -214,3 +214,40 @@ def test_checkpoint_grid_is_lcm(chunk: int, page: int) -> None:
     grid = config.mamba_checkpoint_grid
     assert grid % chunk == 0 and grid % page == 0
     assert all(m % chunk or m % page for m in range(1, grid))
+
+
+def test_the_slot_budget_is_the_one_home_of_the_per_request_slot_rules() -> None:
+    """Every consumer reads the budget: the buffer strategy's admission count, the position rules', the
+    request pool's track slots and the planner's decode slots agree with it for every strategy."""
+    from mamba_radix import strategies
+    from mamba_radix.buffers import buffer_strategy
+    from mamba_radix.capacity.planner import decode_slots_in_use
+    from mamba_radix.config import SlotBudget
+    from mamba_radix.request import Req
+
+    expected = {  # (strategy, overlap, skip_decode_lock): (entries, held, reserved, in use)
+        ("no_buffer", False, False): (0, 0, 3, 2),
+        ("extra_buffer", False, False): (1, 1, 4, 3),
+        ("extra_buffer", True, False): (2, 2, 5, 4),
+        ("extra_buffer", True, True): (2, 2, 4, 3),
+        ("extra_buffer_lazy", True, False): (2, 1, 4, 3),
+        ("extra_buffer_lazy", True, True): (2, 1, 3, 2),
+    }
+    for (strategy, overlap, skip), (entries, held, reserved, in_use) in expected.items():
+        config = CacheConfig(
+            mamba_radix_cache_strategy=strategy,
+            disable_overlap_schedule=not overlap,
+            skip_decode_lock=skip,
+        )
+        budget = config.slot_budget
+        assert budget == SlotBudget(entries, held, reserved, in_use, 0), (strategy, overlap, skip)
+        assert (config.ping_pong_size, config.slots_per_request) == (entries, reserved)
+        assert decode_slots_in_use(config) == in_use
+        req = Req(rid=1, origin_input_ids=[1, 2])
+        assert (
+            strategies.admission_slots(config, req)
+            == buffer_strategy(config).admission_slots(req)
+            == 1 + held
+        )
+    lazy_0520 = CacheConfig(mamba_radix_cache_strategy="extra_buffer_lazy", mamba_slot_headroom="per_chunk")
+    assert lazy_0520.slot_budget.per_chunk_headroom == lazy_0520.per_chunk_headroom_slots == 2

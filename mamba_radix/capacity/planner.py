@@ -414,13 +414,7 @@ def decode_slots_in_use(config: CacheConfig) -> int:
     lazy: one, the second is borrowed only at a boundary) and the locked checkpoint it continues from
     (unlocked under skip-decode-lock). Seed 000's log "#running-req: 16, ... mamba num: 64": 16 x 4.
     """
-    if config.disable_radix_cache:
-        return 1
-    track = 0
-    if config.uses_extra_buffer:
-        track = 1 if config.is_lazy else config.ping_pong_size
-    locked = 0 if config.skip_decode_lock else 1
-    return 1 + track + locked
+    return config.slot_budget.decode_slots_in_use
 
 
 # -------------------------------------------------------------------------------------------------- balance

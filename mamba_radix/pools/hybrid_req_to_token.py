@@ -182,9 +182,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return [r.req_pool_idx for r in reqs]  # type: ignore[misc]
 
     def _track_slots_to_take(self) -> int:
-        if self.ping_pong_size == 0:
-            return 0
-        return 1 if self.is_lazy else self.ping_pong_size
+        return self.config.slot_budget.track_slots_held
 
     def _needs_track_buffer(self, req: Req) -> bool:
         return self.ping_pong_size > 0 and req.mamba_ping_pong_track_buffer is None
