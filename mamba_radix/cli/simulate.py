@@ -1,0 +1,311 @@
+"""``mamba-radix simulate``: replay one trace through the real cache under one configuration.
+
+The trace is a file (block/Mooncake or token JSON lines), the bundled Mooncake trace by default, or a
+seeded synthetic workload (``--synthetic``). It prints a summary table (``--json``: the metrics as JSON),
+optionally writes the JSON-lines record (``--out``) and one CSV row per request (``--per-request``); the
+output files must be new unless ``--force``, and are checked before anything runs.
+
+A run's flags live here, and how they become one :class:`~mamba_radix.sim.sweep.RunSpec` (validated, so a
+bad combination is a one-line error before anything runs): ``sweep`` takes the same flags as lists
+(:mod:`mamba_radix.cli.sweep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mamba_radix.cli._common import LIMIT, CliError, add_command, progress, warn_rejected
+from mamba_radix.flags import int_in
+
+EXAMPLES = """examples:
+  mamba-radix simulate --limit 2000                       # bundled Mooncake trace, Kimi K3 rank
+  mamba-radix simulate --limit 500 --kv-tokens 400000 --state-slots 64 --per-request hits.csv
+  mamba-radix simulate --synthetic tree --mode sequential --memory-budget-gb 8 --peer marconi
+  mamba-radix simulate --trace my.jsonl --trace-format token --out run.jsonl --json"""
+
+# where a table flag's value goes (mamba_radix.flags.Flag.where): RunSpec's parts
+PARAM_GROUPS = ("config", "budget", "options", "cost", "peer", "deployment")
+
+_BUDGET_KEYS = {
+    "memory_budget_gb": "budget_gib",
+    "mamba_full_memory_ratio": "mamba_full_memory_ratio",
+    "max_mamba_cache_size": "max_mamba_cache_size",
+    "kv_tokens": "kv_tokens",
+    "state_slots": "state_slots",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    p = add_command(
+        sub,
+        "simulate",
+        help="replay one trace under one configuration",
+        description="Replay a trace through the real MambaRadixCache and pools; print the metrics.",
+        examples=EXAMPLES,
+    )
+    add_trace_arguments(p)
+    add_run_arguments(p, "simulate")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", metavar="FILE", help="write the JSON-lines result record to this new file")
+    out.add_argument(
+        "--per-request",
+        metavar="FILE",
+        help="write one CSV row per request to this new file: index, input_len, hit, kv_hit, ideal, ttft_s",
+    )
+    out.add_argument("--force", action="store_true", help="overwrite --out / --per-request files")
+    out.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The trace a run replays (``simulate``, ``sweep``)."""
+    from mamba_radix.data import DEFAULT_TRACE
+
+    g = p.add_argument_group("trace")
+    g.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help=f"trace file, block (Mooncake) or token JSONL (default: the bundled {DEFAULT_TRACE})",
+    )
+    g.add_argument(
+        "--synthetic",
+        choices=["chat", "system-prompt", "agent", "tree"],
+        help="use a seeded synthetic workload instead of a trace file",
+    )
+    g.add_argument(
+        "--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the synthetic workload (default 0)"
+    )
+    g.add_argument("--trace-format", choices=["auto", "block", "token"], default="auto", help="default auto")
+    g.add_argument(
+        "--block-size", type=int_in(1, 1 << 20), default=512, help="tokens per block id (default 512)"
+    )
+    g.add_argument(
+        "--block-convention",
+        choices=["auto", "ceil", "floor"],
+        default="auto",
+        help="block traces: ceil (the partial tail block has an id: Mooncake), floor (one id per full "
+        "block; the tail becomes fresh tokens), or auto (detected; default)",
+    )
+    g.add_argument("--limit", type=LIMIT, default=None, metavar="N", help="replay only the first N requests")
+
+
+def add_run_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    """The flag table's flags for ``command`` (:func:`mamba_radix.flags.add_flags`) and the engine's own
+    switches (``simulate``, ``sweep``)."""
+    from mamba_radix.flags import add_flags
+
+    groups = add_flags(p, command)
+    g = groups.get("engine") or p.add_argument_group("engine")
+    g.add_argument("--infinite", action="store_true", help="pools nothing fills (the strategy's ideal)")
+    g.add_argument("--no-verify-states", action="store_true", help="skip the state-stamp checks (faster)")
+    g.add_argument(
+        "--adaptive-split",
+        action="store_true",
+        help="one byte budget for KV and states, the line between them moved as the run goes "
+        "(starts at the sized split; page size 1)",
+    )
+    g.add_argument(
+        "--check-invariants-every",
+        type=int_in(0, 1 << 31),
+        default=0,
+        metavar="N",
+        help="cache.check_invariants() every N finished requests (default 0 = never)",
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+# ------------------------------------------------------------------------------------ flags to a spec
+def empty_params() -> dict[str, dict[str, Any]]:
+    """One empty dict per place a table flag's value goes (:data:`PARAM_GROUPS`)."""
+    return {w: {} for w in PARAM_GROUPS}
+
+
+def params_from_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The given table flags, by where they go (a flag left out is absent: the library default holds)."""
+    from mamba_radix.flags import FLAGS
+
+    out = empty_params()
+    for f in FLAGS():
+        if f.where in out and hasattr(args, f.dest):
+            value = getattr(args, f.dest)
+            if value is not None:
+                out[f.where][f.dest] = value
+    return out
+
+
+def trace_source(args: argparse.Namespace) -> tuple[str, list[Any] | None]:
+    """(trace path, in-memory requests for --synthetic). A missing trace, or a folder, is an error now."""
+    from mamba_radix.sim.sweep import resolve_trace, trace_problem
+
+    if args.synthetic:
+        if args.trace:
+            raise CliError("give either --trace or --synthetic, not both")
+        from mamba_radix.sim.synthetic import GENERATORS
+
+        requests = GENERATORS[args.synthetic](seed=args.seed)
+        if args.limit:
+            requests = requests[: args.limit]
+        return f"synthetic:{args.synthetic}:seed={args.seed}", requests
+    if args.trace is None:
+        from mamba_radix.data import trace_path
+
+        return str(trace_path()), None
+    path = (
+        args.trace if os.path.isabs(args.trace) or os.path.exists(args.trace) else resolve_trace(args.trace)
+    )
+    problem = trace_problem(path)
+    if problem:
+        raise CliError(problem)
+    return path, None
+
+
+def make_spec(
+    args: argparse.Namespace,
+    run_id: str,
+    params: dict[str, dict[str, Any]],
+    trace: str,
+    synthetic: dict[str, Any] | None = None,
+) -> Any:
+    """A run spec from the flags; its config (with the peer, if any) is validated here, so a bad
+    combination is a one-line error before anything runs (ConfigError, e.g. a flag against --peer)."""
+    from mamba_radix.sim.sweep import RunSpec
+
+    options = dict(params["options"])
+    options["verify_states"] = not args.no_verify_states
+    options["check_invariants_every"] = args.check_invariants_every
+    if getattr(args, "adaptive_split", False):
+        if args.infinite:
+            raise CliError("--adaptive-split moves bytes between finite pools; drop --infinite")
+        options["split"] = {}
+    if getattr(args, "per_request", None):
+        options["keep_per_request"] = True
+    budget = {_BUDGET_KEYS[k]: v for k, v in params["budget"].items()}
+    model = getattr(args, "model", None) or "kimi-k3"
+    if "budget_gib" not in budget:
+        from mamba_radix.defaults import deployment_for
+
+        budget["budget_gib"] = deployment_for(model).memory_budget_gib
+    if args.infinite and ({"kv_tokens", "state_slots", "max_mamba_cache_size"} & set(budget)):
+        raise CliError(
+            "--infinite sizes the pools itself; drop --kv-tokens/--state-slots/--max-mamba-cache-size"
+        )
+    spec = RunSpec(
+        run_id=run_id,
+        trace=trace,
+        trace_format=args.trace_format,
+        block_size=args.block_size,
+        block_convention=args.block_convention,
+        limit=args.limit,
+        config=params["config"],
+        model=model,
+        infinite=args.infinite,
+        options=options,
+        cost=params["cost"],
+        peer=params["peer"].get("peer"),
+        synthetic=synthetic,
+        deployment={k: v for k, v in params["deployment"].items() if k != "model"},  # model= above
+        **budget,
+    )
+    spec.validate()
+    return spec
+
+
+# ------------------------------------------------------------------------------------------ the run
+def run(args: argparse.Namespace) -> int:
+    from mamba_radix.sim.sweep import check_new_file, count_requests, run_one
+
+    out = check_new_file(args.out, args.force) if args.out else None
+    per_request = (
+        check_new_file(args.per_request, args.force, "per-request file") if args.per_request else None
+    )
+    if out is not None and per_request is not None and out.resolve() == per_request.resolve():
+        raise CliError("--out and --per-request name the same file")
+    trace, requests = trace_source(args)
+    spec = make_spec(args, "simulate", params_from_flags(args), trace)
+    total = len(requests) if requests is not None else count_requests(spec)
+    with progress(total, 1, "simulate", args.quiet) as bar:
+        rec = run_one(spec, progress=lambda n: bar.update("simulate", n), requests=requests)
+        bar.run_done("simulate", total)
+    warn_rejected(rec, "simulate")
+    rows = rec.pop("per_request", None) if per_request is not None else None
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    if per_request is not None:
+        _write_per_request(per_request, rows or [])
+    if args.json:
+        print(json.dumps(rec["metrics"] | {"cache_stats": rec["cache_stats"]}, indent=2))
+    else:
+        print(_format_summary(rec))
+    return 0
+
+
+def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    import csv
+
+    columns = ["index", "input_len", "hit", "kv_hit", "ideal", "ttft_s"]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for row in sorted(rows, key=lambda r: r["index"]):
+            w.writerow(row)
+
+
+def _format_summary(rec: dict[str, Any]) -> str:
+    """The table ``simulate`` prints for one record."""
+    m, pools, stats = rec["metrics"], rec["pools"], rec["cache_stats"]
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.2f}%"
+
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f} s"
+
+    p = rec["params"]
+    peer = (
+        [
+            f"peer                {p['peer']} (admission {p['mamba_checkpoint_admission']}, eviction "
+            f"{p['mamba_eviction_order']}, refresh {p['mamba_lru_refresh']}, strategy {p['strategy']})"
+        ]
+        if p.get("peer")
+        else []
+    )
+    lines = [
+        *peer,
+        f"requests            {m['requests']}  (input {m['input_tokens']:,} tokens, output {m['output_tokens']:,})",
+        f"pools               {pools['kv_tokens']:,} KV tokens, {pools['state_slots']:,} state slots, "
+        f"max running {pools['max_running_requests_effective']}",
+        *(
+            [
+                f"adaptive split      ended at {pools['split_end']['kv_tokens']:,} KV tokens, "
+                f"{pools['split_end']['state_slots']:,} state slots (same bytes)"
+            ]
+            if "split_end" in pools
+            else []
+        ),
+        f"token hit rate      {pct(m['token_hit_rate'])}   (ideal {pct(m['ideal_hit_rate'])}, "
+        f"{pct(m['fraction_of_ideal'])} of it)",
+        f"KV-only matched     {m['kv_only_matched_tokens']:,} tokens",
+        f"recomputed          {m['recomputed_tokens']:,} tokens (ideal - hit)",
+        f"checkpoints         {stats.get('checkpoints_inserted', '-')} inserted, "
+        f"{stats.get('checkpoints_skipped', '-')} skipped, {stats.get('states_evicted', '-')} evicted, "
+        f"{stats.get('checkpoints_capped', '-')} capped",
+        f"state copies        {stats['state_slot_copies']:,} ({stats['state_copy_bytes'] / 2**30:.2f} GiB on the model)",
+        f"peak running        {m['peak_running']} (bound by {m['peak_running_bound_by'] or 'arrivals, not a pool'}; "
+        f"admission blocked {m['admission_blocked'] or '{}'})",
+        f"TTFT                p50 {sec(m['ttft_p50_s'])}, p90 {sec(m['ttft_p90_s'])}, "
+        f"p99 {sec(m['ttft_p99_s'])}; simulated {m['sim_time_s']:.1f} s",
+        f"wall time           {rec['wall_s']:.2f} s",
+    ]
+    rejected = stats.get("rejected_requests", 0)
+    if rejected:
+        lines.insert(
+            1 + len(peer),
+            f"rejected            {rejected:,} requests that can never fit (longer than the KV pool or a request row)",
+        )
+    return "\n".join(lines)
