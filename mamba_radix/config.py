@@ -21,6 +21,7 @@ from mamba_radix.errors import ConfigError
 __all__ = [
     "CHECKPOINT_ADMISSIONS",
     "EVICTION_ORDERS",
+    "FIELD_CHOICES",
     "LRU_REFRESH_MODES",
     "SLOT_HEADROOM_MODES",
     "STRATEGIES",
@@ -65,8 +66,8 @@ DEFAULT_FLOP_CROSSOVER = 65536
 
 DISAGGREGATION_MODES: tuple[str, ...] = ("null", "prefill", "decode")
 
-# Fields that take one of a fixed set of names, and the names.
-_CHOICES: dict[str, tuple[str, ...]] = {
+# Fields that take one of a fixed set of names, and the names (the CLI's choices read it too).
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "mamba_radix_cache_strategy": STRATEGIES,
     "mamba_eviction_order": EVICTION_ORDERS,
     "mamba_checkpoint_admission": CHECKPOINT_ADMISSIONS,
@@ -233,7 +234,7 @@ class CacheConfig:
                 raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
 
     def _check_choices(self) -> None:
-        for name, choices in _CHOICES.items():
+        for name, choices in FIELD_CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
                 raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

@@ -151,10 +151,10 @@ def _cost_default(name: str) -> Any:
     return getattr(CostModel(), name)
 
 
-def _choices(name: str, fallback: tuple[str, ...]) -> tuple[str, ...]:
-    from mamba_radix import config
+def _choices(name: str) -> tuple[str, ...]:
+    from mamba_radix.config import FIELD_CHOICES
 
-    return tuple(getattr(config, "_CHOICES", {}).get(name, fallback))
+    return FIELD_CHOICES[name]
 
 
 def _cache_flags() -> list[Flag]:
@@ -168,12 +168,12 @@ def _cache_flags() -> list[Flag]:
         ("--mamba-max-states-per-path", int_in(-1, 1 << 20),
          "soft cap on checkpoints per root-to-leaf path (-1 = no cap)", ALL, False),
         ("--mamba-cache-chunk-size", int_in(1, 1 << 20), "prefill checkpoint grid (tokens)", ALL, False),
-        ("--mamba-eviction-order", choice(_choices("mamba_eviction_order", ("leaf_first",))),
+        ("--mamba-eviction-order", choice(_choices("mamba_eviction_order")),
          "checkpoint victim order among equally recent ones: leaf_first, root_first, mixed, or "
          "flop_weighted (LRU with a bonus for the compute a checkpoint saves)", SIM, False),
-        ("--mamba-lru-refresh", choice(_choices("mamba_lru_refresh", ("node", "path"))),
+        ("--mamba-lru-refresh", choice(_choices("mamba_lru_refresh")),
          "what a hit refreshes: the matched node, or the whole path", SIM, False),
-        ("--mamba-checkpoint-admission", choice(_choices("mamba_checkpoint_admission", ("all",))),
+        ("--mamba-checkpoint-admission", choice(_choices("mamba_checkpoint_admission")),
          "which prefill chunks checkpoint (extra_buffer): all, or branch_and_end (Marconi: the branch "
          "point and the input's end only)", SIM, False),
         ("--mamba-flop-weight", float_in(0.0, 1e9),
@@ -181,7 +181,7 @@ def _cache_flags() -> list[Flag]:
         ("--mamba-flop-crossover", int_in(1, 1 << 40),
          "flop_weighted: prefix length (tokens) where attention's quadratic cost equals the linear cost",
          SIM, False),
-        ("--mamba-slot-headroom", choice(_choices("mamba_slot_headroom", ("exact", "per_chunk"))),
+        ("--mamba-slot-headroom", choice(_choices("mamba_slot_headroom")),
          "state-slot eviction: exact (SGLang 0.5.23: the slots a request takes, when it takes them) or "
          "per_chunk (0.5.20: keep 3 free before every prefill chunk)", SIM, False),
         ("--mamba-kv-only-leaves", bool_value,
