@@ -197,8 +197,8 @@ def _cache_flags() -> list[Flag]:
     out = []
     for flag, kind, text, commands, switch in rows:
         default = _config_default(flag[2:].replace("-", "_"))
-        if default is MISSING:  # a field this CacheConfig does not have (yet): no flag
-            continue
+        if default is MISSING:  # the table and CacheConfig disagree: a bug here, never a user's error
+            raise AssertionError(f"flag {flag} names no CacheConfig field; rename it or add the field")
         out.append(Flag(flag, "config", kind, text, commands, "cache", default, switch=switch))
     return out
 
