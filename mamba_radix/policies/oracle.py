@@ -62,8 +62,9 @@ class Oracle(CachePolicy):
     admits every other hand-over, as LRU would). Its distance to the full oracle is what knowing the order
     of future uses is worth; its distance to an online policy, what predicting which entries are dead is
     worth (``experiments/headroom.py``).
-    ``cache``: set it to the :class:`~mamba_radix.cache.MambaRadixCache` after building it, for the bypass
-    rule (free slots); without it a used-again hand-over is always admitted.
+    ``cache``: the :class:`~mamba_radix.cache.MambaRadixCache` it serves (the cache sets it when it is
+    built with this policy), for the bypass rule (free slots); without one a used-again hand-over is always
+    admitted.
     """
 
     name: ClassVar[str] = "oracle"
@@ -78,7 +79,6 @@ class Oracle(CachePolicy):
         self.eviction = eviction
         self.knows_order = knows_order
         self.now = -1
-        self.cache: object | None = None
         self._swept = -1
         # next-use time -> the nodes whose key embeds it, by id: a node keyed again before that time is filed
         # once (a list collected a copy per re-key, and every copy was re-keyed again when due: under KV

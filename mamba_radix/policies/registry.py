@@ -226,9 +226,7 @@ def run_policy(
     requests = ctx.requests
     max_len = max(r.input_len + r.output_len for r in requests)
     options = EngineOptions(mode=mode, verify_states=verify_states, split=split)  # type: ignore[arg-type]
-    engine = Engine(config, ctx.pools, max_len, options, policy=policy)
-    if isinstance(policy, Oracle):
-        policy.cache = engine.cache
+    engine = Engine(config, ctx.pools, max_len, options, policy=policy)  # the cache sets policy.cache
     metrics = engine.run(requests, total=len(requests), on_finish=on_finish)
     summary = metrics.summary()
     result = {
