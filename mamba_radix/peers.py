@@ -29,7 +29,7 @@ from typing import Any
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 
-__all__ = ["PEERS", "Peer", "apply_peer", "peer_changes"]
+__all__ = ["MARCONI_ADMISSION", "PEERS", "Peer", "apply_peer", "peer_changes"]
 
 Changes = dict[str, Any]
 
@@ -111,14 +111,15 @@ def vllm_align(config: CacheConfig) -> Changes:
     return changes
 
 
+# Marconi's admission (MLSys'25): a prompt keeps prefill checkpoints only at its branch point and its end,
+# and a hit refreshes only the consumed node (its V2). The one home of that rule: the static preset below
+# and the faithful policy (mamba_radix.policies.marconi) both apply it.
+MARCONI_ADMISSION: Changes = {"mamba_checkpoint_admission": "branch_and_end", "mamba_lru_refresh": "node"}
+
+
 def marconi(config: CacheConfig) -> Changes:
-    """Marconi (MLSys'25): branch-and-end admission and FLOP-aware eviction, node refresh (its V2)."""
-    return {
-        **_extra_buffer_if_needed(config),
-        "mamba_checkpoint_admission": "branch_and_end",
-        "mamba_eviction_order": "flop_weighted",
-        "mamba_lru_refresh": "node",
-    }
+    """Marconi (MLSys'25) as config knobs: its admission and a static FLOP-aware eviction key."""
+    return {**_extra_buffer_if_needed(config), **MARCONI_ADMISSION, "mamba_eviction_order": "flop_weighted"}
 
 
 PEERS: dict[str, Peer] = {

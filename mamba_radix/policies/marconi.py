@@ -36,6 +36,7 @@ import numpy as np
 
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, CacheConfig
 from mamba_radix.errors import InvalidArgument
+from mamba_radix.peers import MARCONI_ADMISSION
 from mamba_radix.policy import CachePolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,8 +51,9 @@ ALPHA_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
 def marconi_config(config: CacheConfig) -> CacheConfig:
-    """``config`` with Marconi's admission (branch point and prompt end) and node refresh."""
-    return config.replace(mamba_checkpoint_admission="branch_and_end", mamba_lru_refresh="node")
+    """``config`` with Marconi's admission (branch point and prompt end) and node refresh
+    (:data:`mamba_radix.peers.MARCONI_ADMISSION`)."""
+    return config.replace(**MARCONI_ADMISSION)
 
 
 def _flops(depth: np.ndarray, crossover: int) -> np.ndarray:
