@@ -215,6 +215,11 @@ def output_token_ids(request_index: int, output_length: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------ validation
+def _empty_trace(path: object) -> TraceFormatError:
+    """The error for a trace file without a single request (every loader's)."""
+    return TraceFormatError(str(path), 0, None, "the trace has no requests")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -413,7 +418,7 @@ def _iter_block_trace(
         )
         index += 1
     if index == 0:
-        raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+        raise _empty_trace(path)
 
 
 def iter_token_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequest]:
@@ -435,7 +440,7 @@ def _iter_token_trace(path: str | Path, limit: int | None) -> Iterator[TraceRequ
         yield TraceRequest.from_tokens(index, ts, input_ids, output_ids, row.get("session_id"), line)
         index += 1
     if index == 0:
-        raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+        raise _empty_trace(path)
 
 
 def detect_format(path: str | Path) -> TraceFormat:
@@ -449,7 +454,7 @@ def detect_format(path: str | Path) -> TraceFormat:
         raise TraceFormatError(
             str(path), line, None, "unknown row format: expected 'hash_ids' (block) or 'input_ids' (token)"
         )
-    raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+    raise _empty_trace(path)
 
 
 def _check_format(fmt: object) -> None:
@@ -521,7 +526,7 @@ def scan_trace(
             out_tok += req.output_len
             max_len = max(max_len, req.input_len + req.output_len)
     if n == 0:
-        raise TraceFormatError(str(path), 0, None, "the trace has no requests")
+        raise _empty_trace(path)
     return TraceSummary(n, in_tok, out_tok, max_len, last_ts - first_ts)
 
 
