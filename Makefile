@@ -41,5 +41,12 @@ bench: setup
 	$(PY) benchmarks/bench_sim.py --limit 2000
 	$(PY) benchmarks/bench_kernels.py --dry-run
 
+# The release stress of the request lifecycle (docs/stress.md): 1,000,000 seeded operations over 43
+# configurations and tiny pools, misuses included; exit 1 with a replay command on the first violation.
+# About 15 minutes on 2 shared cores. `$(PY) benchmarks/stress_lifecycle.py --quick` is a smoke test.
+.PHONY: stress
+stress: setup
+	$(PY) benchmarks/stress_lifecycle.py
+
 clean:
 	rm -rf .venv .pytest_cache .hypothesis
