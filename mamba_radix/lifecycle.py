@@ -470,7 +470,9 @@ class RequestLifecycle:
         second track slot.
 
         Returns the plan (commit it with :meth:`commit` once the model ran), or ``None`` with nothing
-        changed when KV is short even after eviction. Raises :class:`InvalidArgument` for misuse,
+        changed when KV is short even after eviction, or when the extend goes past the request's own
+        reservation (its ``max_new_tokens``) and the rest would come out of other running requests'
+        reservations (the engine retracts it: ``finish(req, insert=False)``). Raises :class:`InvalidArgument` for misuse,
         including an extend while the previous plan is not committed. O(num_tokens + victims * log n).
         """
         row = self._row(req, "extend")
@@ -521,7 +523,12 @@ class RequestLifecycle:
             )
         allocator = self.token_to_kv_pool_allocator
         need = self._page_ceil(end) - self._page_ceil(start)
-        if allocator.available_size() + self.cache.full_evictable_size() < need:
+        room = allocator.available_size() + self.cache.full_evictable_size()
+        # Past its own reservation a request may take only room nobody reserved: the other running
+        # requests' reservations are theirs (so an admitted request that keeps to its max_new_tokens never
+        # runs out of KV, whatever the others do).
+        beyond = need - min(req.kv_reserved_tokens, need)
+        if room < need or (beyond and room - self.reserved_kv_tokens < beyond):
             return None
         headroom = self.buffer.per_chunk_headroom_slots
         if is_prefill and req.prefill_chunks and headroom:

@@ -211,3 +211,36 @@ def test_an_id_both_free_and_allocated_is_caught_even_when_the_counts_agree() ->
         InvariantError, match=f"KV page {listed} is both on the free list and marked allocated"
     ):
         cache.check_invariants()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_request_past_its_reservation_cannot_take_another_requests(page_size: int) -> None:
+    """A declared too few output tokens; B reserved all of its own. A's decode past its reservation gets
+    None as soon as it would eat into B's, and B still runs to its declared end."""
+    config = CacheConfig(
+        mamba_radix_cache_strategy="extra_buffer", page_size=page_size, mamba_cache_chunk_size=4
+    )
+    cache = MambaRadixCache.build(config, num_tokens=48, num_slots=32)
+    a = Req(rid="a", origin_input_ids=list(range(100, 108)))
+    b = Req(rid="b", origin_input_ids=list(range(200, 208)))
+    assert cache.admit(a, max_new_tokens=1) and cache.admit(b, max_new_tokens=25)
+    for req in (a, b):
+        cache.commit(cache.extend(req, 8), finished=True)
+    refused_at = None
+    for step in range(40):
+        a.output_ids.append(step)
+        plan = cache.extend(a, 1)
+        if plan is None:
+            a.output_ids.pop()
+            refused_at = a.kv_len
+            break
+        cache.commit(plan)
+    assert refused_at is not None and refused_at < 8 + 40
+    for step in range(24):  # B's declared decode, every token of it, with A still running
+        b.output_ids.append(step)
+        plan = cache.extend(b, 1)
+        assert plan is not None, f"B ran out of its reserved KV at {b.kv_len}"
+        cache.commit(plan)
+    cache.finish(a, insert=False)  # A is retracted
+    cache.finish(b)
+    cache.check_invariants()
