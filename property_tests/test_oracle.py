@@ -223,8 +223,9 @@ def test_cap_policy_allows_only_non_fork_unlocked_drops_on_a_new_path() -> None:
 
 
 def test_stamp_store_copies_and_clears() -> None:
+    from mamba_radix.state_stamp import fingerprint
     from mamba_radix.testing import StampStore
-    from mamba_radix.testing.stamps import EMPTY_STAMP, fingerprint
+    from mamba_radix.testing.stamps import EMPTY_STAMP
 
     store = StampStore()
     assert store.read(3) == EMPTY_STAMP == expected_stamp(())

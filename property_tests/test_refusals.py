@@ -25,7 +25,8 @@ from mamba_radix.pools import (
     TokenToKVPoolAllocator,
 )
 from mamba_radix.request import Req
-from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
+from mamba_radix.sim.stamps import StampIO
+from mamba_radix.state_stamp import PrefixFingerprints
 
 STRATEGIES = ["no_buffer", "extra_buffer", "extra_buffer_lazy"]
 

@@ -119,7 +119,7 @@ def test_metrics_of_a_hand_made_run() -> None:
     assert s["kv_only_matched_tokens"] == 12  # request 2 matched P's KV without a state
     assert s["recomputed_tokens"] == 12 and s["prefill_tokens"] == 42
     stats = engine.cache_stats()
-    assert stats["checkpoints_inserted"] >= 3 and stats["state_slot_copies"] == 1  # one copy-on-write
+    assert stats["checkpoints_inserted"] >= 3 and stats["state_copies"] == 1  # one copy-on-write
     assert stats["state_copy_bytes"] == 29_039_616
     assert s["peak_running"] == 1 and metrics.samples[-1].finished == 3
 

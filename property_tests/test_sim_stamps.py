@@ -10,9 +10,15 @@ import pytest
 import torch
 
 from mamba_radix.pools import MambaPool
-from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
+from mamba_radix.sim.stamps import StampIO
 from mamba_radix.sim.traces import OUTPUT_TOKEN_BASE
-from mamba_radix.state_stamp import EMPTY_FINGERPRINT, fingerprint, read_stamp, write_stamp
+from mamba_radix.state_stamp import (
+    EMPTY_FINGERPRINT,
+    PrefixFingerprints,
+    fingerprint,
+    read_stamp,
+    write_stamp,
+)
 
 
 @pytest.mark.parametrize("length", [0, 1, 2, 7, 64, 1000, 5000])

@@ -295,7 +295,7 @@ def _format_summary(rec: dict[str, Any]) -> str:
         f"checkpoints         {stats.get('checkpoints_inserted', '-')} inserted, "
         f"{stats.get('checkpoints_skipped', '-')} skipped, {stats.get('states_evicted', '-')} evicted, "
         f"{stats.get('checkpoints_capped', '-')} capped",
-        f"state copies        {stats['state_slot_copies']:,} ({stats['state_copy_bytes'] / 2**30:.2f} GiB on the model)",
+        f"state copies        {stats['state_copies']:,} ({stats['state_copy_bytes'] / 2**30:.2f} GiB on the model)",
         f"peak running        {m['peak_running']} (bound by {m['peak_running_bound_by'] or 'arrivals, not a pool'}; "
         f"admission blocked {m['admission_blocked'] or '{}'})",
         f"TTFT                p50 {sec(m['ttft_p50_s'])}, p90 {sec(m['ttft_p90_s'])}, "

@@ -51,7 +51,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -166,32 +166,6 @@ class EngineOptions:
             )
 
 
-class _CountingMambaPool(MambaPool):
-    """The real MambaPool, counting the slots copied through it (copy-on-write, no_buffer checkpoints)."""
-
-    copied_slots: int = 0
-    copy_calls: int = 0
-
-    def copy_from(self, src_slots: Any, dst_slots: Any, check: bool = True) -> None:
-        super().copy_from(src_slots, dst_slots, check)
-        self.copied_slots += (
-            len(dst_slots) if type(dst_slots) is list else int(torch.as_tensor(dst_slots).numel())
-        )
-        self.copy_calls += 1
-
-    def copy_slot(self, src_slot: int, dst_slot: int) -> None:
-        super().copy_slot(src_slot, dst_slot)
-        self.copied_slots += 1
-        self.copy_calls += 1
-
-    def fork(self, src_slot: int, num_slots: int) -> torch.Tensor | None:
-        out = super().fork(src_slot, num_slots)
-        if out is not None:
-            self.copied_slots += num_slots
-            self.copy_calls += 1
-        return out
-
-
 @dataclass(eq=False)
 class _SimReq:
     """A request inside the engine: the cache's :class:`Req` plus the simulator's bookkeeping."""
@@ -267,7 +241,7 @@ class Engine:
                 pools.state_slots,
             )
             num_tokens, num_slots = self.split.physical_kv_tokens, self.split.physical_state_slots
-        self.mamba_pool = _CountingMambaPool(
+        self.mamba_pool = MambaPool(
             num_slots,
             SIM_STATE_LAYERS,
             SIM_CONV_SHAPES,
@@ -651,19 +625,14 @@ class Engine:
         )
 
     def cache_stats(self) -> dict[str, Any]:
-        """The cache's own counters plus the engine's copy counts and the bytes a real model would move."""
-        stats = getattr(self.cache, "stats", None)
-        if stats is None:
-            out: dict[str, Any] = {}
-        elif is_dataclass(stats):
-            out = asdict(stats)
-        elif hasattr(stats, "_asdict"):
-            out = dict(stats._asdict())
-        else:
-            out = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
-        out["state_slot_copies"] = self.mamba_pool.copied_slots
-        out["state_copy_calls"] = self.mamba_pool.copy_calls
-        out["state_copy_bytes"] = self.mamba_pool.copied_slots * self.pools.bytes_per_state_slot
+        """The cache's own counters (:class:`~mamba_radix.cache.CacheStats`), the bytes its state copies
+        would move on the model, and the engine's admission counts. O(1).
+
+        ``state_copies`` is the one copy count: every state copy in a run is the cache's (a copy-on-write
+        of a hit, a no_buffer hand-over), counted by the cache where it copies."""
+        stats = self.cache.stats
+        out: dict[str, Any] = asdict(stats)
+        out["state_copy_bytes"] = stats.state_copies * self.pools.bytes_per_state_slot
         out["rejected_requests"] = self.rejected
         out["max_running_requests"] = self.max_running
         return out

@@ -5,39 +5,36 @@ A recurrent state is valid only at the exact prefix it summarises. The suite nam
 stamp of the tokens a state covers into the slot the state goes to, and the checks compare what a slot
 holds with the stamp of the prefix it is supposed to hold.
 
+The fingerprint is the package's one fingerprint, :func:`mamba_radix.state_stamp.fingerprint` (O(len),
+deterministic across processes; ``0`` for no tokens, so a zeroed slot holds the stamp of the empty
+prefix): a checkpoint the suite stamps in our cache holds the stamp the simulator would write for the same
+prefix. No second hash on purpose: the cache under test never computes a stamp, it only moves the bytes
+the suite wrote, so the checks compare the suite's stamps with the suite's stamps and a shared hash costs
+them nothing. ``state_stamp`` imports torch only when a stamp is written into tensors, so importing the
+suite needs numpy but not torch.
+
 Where the state lives is the adapter's business. An adapter over real state tensors writes stamps into
 them (our cache: :func:`mamba_radix.state_stamp.write_stamp`, so a copy that skips a layer is caught); an
 adapter over counting pools that hold no state memory (SGLang's cache in
 :mod:`mamba_radix.testing.sglang_adapter`, the toy cache of the README) keeps a :class:`StampStore`, a
 plain dict from slot to stamp that it copies, clears and writes where the engine would copy, clear and
 write states.
-
-Pure Python, no torch: importing this module costs nothing. The fingerprint is a polynomial hash modulo
-the Mersenne prime ``2**61 - 1`` (O(len), deterministic across processes; ``fingerprint(()) == 0``, so a
-zeroed slot holds the stamp of the empty prefix).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-__all__ = ["EMPTY_STAMP", "StampStore", "expected_stamp", "fingerprint"]
+from mamba_radix.state_stamp import EMPTY_FINGERPRINT, fingerprint
 
-_MODULUS = (1 << 61) - 1
-_BASE = 1_000_003
-EMPTY_STAMP: tuple[int, int] = (0, 0)  # the state of no tokens: a cleared slot
+__all__ = ["EMPTY_STAMP", "StampStore", "expected_stamp"]
 
-
-def fingerprint(tokens: Iterable[int]) -> int:
-    """A 61-bit fingerprint of a token sequence (``0`` for the empty one). O(len)."""
-    h = 0
-    for t in tokens:
-        h = (h * _BASE + int(t) + 1) % _MODULUS
-    return h
+EMPTY_STAMP: tuple[int, int] = (EMPTY_FINGERPRINT, 0)  # the state of no tokens: a cleared slot
 
 
 def expected_stamp(tokens: Sequence[int]) -> tuple[int, int]:
-    """The stamp a state summarising ``tokens`` carries: ``(fingerprint(tokens), len(tokens))``."""
+    """The stamp a state summarising ``tokens`` carries: ``(fingerprint(tokens), len(tokens))``. O(len);
+    :class:`~mamba_radix.errors.InvalidArgument` unless ``tokens`` are int ids in ``0..2**63-1``."""
     return fingerprint(tokens), len(tokens)
 
 
