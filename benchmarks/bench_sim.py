@@ -31,8 +31,8 @@ from mamba_radix.config import CacheConfig
 from mamba_radix.sim.budget import pools_for_budget
 from mamba_radix.sim.engine import Engine, EngineOptions
 from mamba_radix.sim.ideal import IdealHit, ideal_for
-from mamba_radix.sim.stamps import PrefixFingerprints
 from mamba_radix.sim.traces import iter_trace, scan_trace
+from mamba_radix.state_stamp import PrefixFingerprints
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "experiments" / "traces" / "mooncake_conversation_trace.jsonl"

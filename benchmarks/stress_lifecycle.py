@@ -72,8 +72,8 @@ import mamba_radix
 from mamba_radix import CacheConfig, ForwardPlan, MambaRadixCache, Req
 from mamba_radix.errors import InvalidArgument, InvariantError
 from mamba_radix.peers import apply_peer
-from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
-from mamba_radix.state_stamp import fingerprint_extend, read_stamp
+from mamba_radix.sim.stamps import StampIO
+from mamba_radix.state_stamp import PrefixFingerprints, fingerprint_extend, read_stamp
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 DEFAULT_OPS = 1_000_000

@@ -12,9 +12,8 @@ import torch
 from mamba_radix import CacheConfig, InvalidArgument, InvalidIndex, MambaRadixCache, Req
 from mamba_radix.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from mamba_radix.sim.ideal import BlockPrefixIdeal
-from mamba_radix.sim.stamps import PrefixFingerprints
 from mamba_radix.sim.traces import OUTPUT_TOKEN_BASE, TraceRequest
-from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
+from mamba_radix.state_stamp import PrefixFingerprints, fingerprint, read_stamp, write_stamp
 
 
 def _bits(pool: MambaPool) -> list[bytes]:

@@ -138,7 +138,7 @@ def test_future_index_orders_exact_and_fallback_uses() -> None:
     hits = demand_hits(CONFIG, reqs)
     assert hits == [0, 0, PROMPT, PROMPT]
     future = FutureIndex(reqs, hits, grid=PROMPT)
-    from mamba_radix.sim.stamps import PrefixFingerprints
+    from mamba_radix.state_stamp import PrefixFingerprints
 
     fp = PrefixFingerprints(reqs[0].input_array()).at(PROMPT)
     assert future.next_exact(PROMPT, fp, 0) == 2

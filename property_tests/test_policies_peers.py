@@ -14,9 +14,8 @@ from mamba_radix.policies.registry import POLICIES, PolicyContext, run_policy
 from mamba_radix.policies.thinning import CoverageThinning, merged_gap
 from mamba_radix.policies.vllm_sparse import SparseRetention
 from mamba_radix.sim.budget import exact_pools
-from mamba_radix.sim.stamps import PrefixFingerprints
 from mamba_radix.sim.synthetic import GENERATORS
-from mamba_radix.state_stamp import fingerprint, write_stamp
+from mamba_radix.state_stamp import PrefixFingerprints, fingerprint, write_stamp
 
 NO_BUFFER = CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
 EXTRA = CacheConfig(

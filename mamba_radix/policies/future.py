@@ -30,8 +30,8 @@ import numpy as np
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument
-from mamba_radix.sim.stamps import PrefixFingerprints
 from mamba_radix.sim.traces import TraceRequest
+from mamba_radix.state_stamp import PrefixFingerprints
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.request import Req

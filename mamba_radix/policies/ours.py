@@ -128,7 +128,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from mamba_radix.policy import CachePolicy
-from mamba_radix.sim.stamps import PrefixFingerprints
+from mamba_radix.state_stamp import PrefixFingerprints
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.eviction import EvictionIndex

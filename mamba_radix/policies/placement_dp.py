@@ -96,7 +96,7 @@ import numpy as np
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.policies.future import RequestFingerprints
 from mamba_radix.policy import CachePolicy
-from mamba_radix.sim.stamps import PrefixFingerprints
+from mamba_radix.state_stamp import PrefixFingerprints
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig

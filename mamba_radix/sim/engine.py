@@ -72,9 +72,9 @@ from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.ideal import IdealHit, ideal_for
 from mamba_radix.sim.metrics import PoolSample, RunMetrics
 from mamba_radix.sim.split import AdaptiveSplit, SplitOptions
-from mamba_radix.sim.stamps import PrefixFingerprints, StampIO
+from mamba_radix.sim.stamps import StampIO
 from mamba_radix.sim.traces import TraceRequest
-from mamba_radix.state_stamp import read_stamp
+from mamba_radix.state_stamp import PrefixFingerprints, read_stamp
 
 __all__ = [
     "CostModel",

@@ -22,14 +22,13 @@ import torch
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.state_stamp import (
     STAMP_BYTES,
-    PrefixFingerprints,
     check_slot,
     check_stamp,
     stamp_rows,
     state_tensors,
 )
 
-__all__ = ["PrefixFingerprints", "StampIO"]
+__all__ = ["StampIO"]
 
 
 class StampIO:
