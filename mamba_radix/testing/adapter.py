@@ -38,6 +38,12 @@ README.md, section "Test your own cache", has a complete adapter for a toy cache
    machine counts them and discards the example.
 8. Run :func:`mamba_radix.testing.machine.make_machine` with your factory and params strategy, and expose
    the resulting ``TestCase`` to pytest.
+9. Lifecycle steps (capability ``"lifecycle_steps"``, :class:`LifecycleAdapter`): an engine whose request
+   protocol splits a forward into "extend" (allocate, plan) and "commit" (the model ran) lets
+   :class:`mamba_radix.testing.machine.LifecycleMachine` drive the two halves separately: chunk lengths
+   on and off page boundaries, aborts between them, retraction when KV is short, and every misuse the
+   engine must refuse. A refused call returns :class:`Refused` and must change nothing:
+   ``lifecycle_state()`` is compared before and after it.
 
 Keys are ``(extra_key, tokens)`` pairs with ``tokens`` a tuple, so a snapshot is plain data and a failing
 run prints values that are valid Python.
@@ -56,9 +62,13 @@ __all__ = [
     "EvictOutcome",
     "InsertOutcome",
     "Key",
+    "LifecycleAdapter",
+    "LifecycleView",
     "MatchOutcome",
     "Offer",
     "Ownership",
+    "PendingForward",
+    "Refused",
     "RunningView",
     "SuiteParams",
     "TreeSnapshot",
@@ -86,6 +96,12 @@ CAPABILITIES: dict[str, str] = {
     "page-aligned match keys)",
     "eviction_totals": "eviction_totals() gives the tokens and states evicted so far, evictions inside "
     "other calls included (enables the policy checks of the per-path cap)",
+    "lifecycle_steps": "the LifecycleAdapter methods: a forward's extend and commit as separate steps "
+    "(start_forward / commit_forward), aborts with a forward pending, prefill_chunk_len (SGLang's page "
+    "cut), can_admit, and refused misuse returned as Refused with lifecycle_state() unchanged. Contract: "
+    "a prefill chunk ends on a page boundary or at the prompt's end; a decode forward does not cross "
+    "the next decode boundary; one forward pending per request; finish(insert=True) refuses a pending "
+    "forward; a plan commits once, and never after its request finished",
 }
 """Capability names an adapter may declare, and what each promises."""
 
@@ -181,6 +197,43 @@ class RunningView:
     lock_node: int
     live_slot: int | None
     track_slots: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A lifecycle call the cache refused as misuse (capability ``"lifecycle_steps"``): ``call`` names the
+    cache call, ``reason`` is its error message. A refused call must have changed nothing."""
+
+    call: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PendingForward:
+    """A forward extended and not yet committed: tokens ``[start, end)`` of request ``rid``."""
+
+    rid: int
+    start: int
+    end: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class LifecycleView:
+    """Where a running request stands in its lifecycle (capability ``"lifecycle_steps"``).
+
+    ``prompt_len``: its prompt's length (prefill while ``kv_len < prompt_len``); ``kv_len``: tokens whose
+    KV is committed; ``seq_len``: tokens known (prompt and sampled outputs); ``pending``: its uncommitted
+    forward, if any; ``decode_boundary``: the next decode boundary above ``kv_len`` a decode forward may
+    end on but not cross (``None``: decode tracks nothing, or still in prefill).
+    """
+
+    rid: int
+    prompt_len: int
+    kv_len: int
+    seq_len: int
+    pending: PendingForward | None
+    decode_boundary: int | None
 
 
 @dataclass
@@ -339,4 +392,56 @@ class CacheAdapter(Protocol):
 
     def dump(self) -> str:
         """A readable dump of the tree for failure messages."""
+        ...
+
+
+@runtime_checkable
+class LifecycleAdapter(CacheAdapter, Protocol):
+    """The extra surface of capability ``"lifecycle_steps"`` (driven by
+    :class:`mamba_radix.testing.machine.LifecycleMachine`). Requests are named by ``rid``; a finished
+    request stays nameable (the misuse probes call it again), so an adapter keeps finished requests.
+
+    Every call that the cache refuses as misuse returns :class:`Refused` and must change nothing, which
+    the machine checks by comparing :meth:`lifecycle_state` before and after it.
+    """
+
+    def lifecycle_view(self, rid: int) -> LifecycleView: ...
+
+    def prefill_chunk_len(self, rid: int, budget: int) -> int:
+        """The next prefill chunk's length with at most ``budget`` tokens (SGLang's cut): the rest of the
+        prompt if it fits, else up to the last page boundary within the budget, ``0`` if there is none."""
+        ...
+
+    def can_admit(
+        self, extra_key: Any, input_ids: Sequence[int], max_new_tokens: int | None
+    ) -> tuple[bool, str | None]:
+        """Whether a request of ``input_ids`` would be admitted now, and why not. Read-only."""
+        ...
+
+    def start_forward(
+        self, rid: int, num_tokens: int, sampled: Sequence[int] = ()
+    ) -> PendingForward | Refused | None:
+        """Append the ``sampled`` output tokens, then extend the request over its next ``num_tokens``
+        tokens, leaving the forward pending (the model has not run). ``None``: KV is short even after
+        eviction; the request is unchanged (the sampled tokens are taken back, as on a refusal)."""
+        ...
+
+    def commit_forward(self, rid: int) -> list[Offer]:
+        """Run the model for the pending forward (stamp its states) and commit it; returns the offers."""
+        ...
+
+    def finish_step(self, rid: int, insert: bool) -> list[Offer] | Refused:
+        """``finish`` (``insert=False``: an abort, a pending forward's KV freed with the request's), or
+        :class:`Refused` (``insert=True`` with a forward pending; a request finished already)."""
+        ...
+
+    def recommit(self, rid: int) -> list[Offer] | Refused | None:
+        """Commit the newest plan request ``rid`` extended; the machine calls it only with no forward of
+        ``rid`` pending, so the plan is stale (committed already, or its request finished since, the plan
+        of a forward aborted in flight included) and a correct cache refuses. ``None``: it extended none."""
+        ...
+
+    def lifecycle_state(self) -> dict[str, Any]:
+        """Everything a refused call must leave alone, as plain comparable data: the tree, the pools, the
+        cache's counters and stats, and every request's fields (finished ones included)."""
         ...

@@ -10,7 +10,10 @@ Rules (each one a step; Hypothesis picks, shrinks and prints them):
 - requests (capability ``"requests"``): ``admit`` (match on ``input[:-1]``, copy-on-write, allocate, lock),
   ``prefill`` (one chunk, then ``cache_unfinished_req``), ``decode`` (tokens, checkpoints at the track
   interval), ``finish`` (with insert, or as an abort);
-- faults (capability ``"faults"``): hold pool capacity away, release it, make the next allocations fail.
+- faults (capability ``"faults"``): hold pool capacity away, release it, make the next allocations fail;
+- the paged lifecycle step by step (capability ``"lifecycle_steps"``, :class:`LifecycleMachine`): extend
+  and commit apart, chunk ends on and off page boundaries, aborts with a forward pending, retraction and
+  re-admission, and every misuse the engine must refuse with nothing changed.
 
 After every step (:meth:`CacheMachine.check_everything`): the cache's own ``check_invariants`` (told
 whether the tree is idle); the oracle (resident content changes only as announced; locked prefixes stay);
@@ -25,8 +28,9 @@ every lock released, everything evicted, and every pool must be whole again.
 A documented engine failure raised by the adapter (:class:`~mamba_radix.testing.known.KnownFailure`) is
 counted in ``Machine.known_failures`` and discards its example (:mod:`mamba_radix.testing.known`).
 
-Use :func:`make_machine` to bind an adapter factory and a :class:`SuiteParams` strategy; run the result with
-``run_state_machine_as_test`` or expose ``Machine.TestCase`` to pytest.
+Use :func:`make_machine` to bind an adapter factory and a :class:`SuiteParams` strategy (``base=LifecycleMachine``
+for the lifecycle rules); run the result with ``run_state_machine_as_test`` or expose ``Machine.TestCase`` to
+pytest.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from hypothesis import reject
+from hypothesis import event, reject
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
@@ -52,7 +56,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from mamba_radix.testing.adapter import CacheAdapter, Key, SuiteParams, TreeSnapshot
+from mamba_radix.testing.adapter import (
+    CacheAdapter,
+    Key,
+    LifecycleAdapter,
+    LifecycleView,
+    PendingForward,
+    Refused,
+    SuiteParams,
+    TreeSnapshot,
+)
 from mamba_radix.testing.checks import (
     SuiteViolation,
     check_accounting,
@@ -65,10 +78,10 @@ from mamba_radix.testing.checks import (
 )
 from mamba_radix.testing.known import FailureLog, KnownFailure
 from mamba_radix.testing.oracle import ROOT_KEY, ExpectedMatch, OracleViolation, PrefixOracle
-from mamba_radix.testing.sequences import build_sequence, cuts, suffixes
+from mamba_radix.testing.sequences import ALPHABET, build_sequence, cuts, suffixes
 from mamba_radix.testing.stamps import expected_stamp
 
-__all__ = ["CacheMachine", "LockHandle", "make_machine"]
+__all__ = ["CacheMachine", "LifecycleMachine", "LockHandle", "make_machine"]
 
 MAX_INPUT = 20  # tokens per inserted sequence / request input: deep enough for several chunks and pages
 EXTRA_KEYS = (None, None, None, "ns")  # mostly the default namespace; sometimes a second one
@@ -110,6 +123,8 @@ class CacheMachine(RuleBasedStateMachine):
     adapter_factory: ClassVar[Callable[[SuiteParams], CacheAdapter]]
     params_strategy: ClassVar[st.SearchStrategy[SuiteParams]]
     known_failures: ClassVar[FailureLog] = FailureLog()  # make_machine gives each class its own
+    coverage: ClassVar[Counter[str]] = Counter()  # events the rules reached, over all examples (make_machine)
+    max_input: ClassVar[int] = MAX_INPUT  # the longest sequence a rule builds
 
     sequences = Bundle("sequences")
     locks = Bundle("locks")
@@ -123,6 +138,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.plans: dict[int, int] = {}  # rid -> output tokens still to decode
         self.snap = TreeSnapshot()
         self.locked: list[Key] = []  # lock keys at the last observation
+        # Locks requests held between two of their hand-overs inside one step (see _remember_lock): the
+        # observations around the step never see them, yet the inserts made meanwhile ran under them.
+        self.step_locks: list[Key] = []
         self.steps = 0
         self.in_step = False
         self.totals: tuple[int, int] | None = None  # eviction totals at the last observation
@@ -156,7 +174,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _new_tokens(
         self, base: tuple[Any, tuple[int, ...]], cut: int, suffix: list[int], multiple_of: int
     ) -> tuple[int, ...]:
-        return build_sequence(base[1], cut, suffix, max_len=MAX_INPUT, multiple_of=multiple_of)
+        return build_sequence(base[1], cut, suffix, max_len=self.max_input, multiple_of=multiple_of)
 
     # -------------------------------------------------------------------------------------- tree rules
     @rule(target=sequences, base=sequences, cut=cuts(), suffix=suffixes(), extra=st.sampled_from(EXTRA_KEYS))
@@ -317,11 +335,18 @@ class CacheMachine(RuleBasedStateMachine):
         tokens = self._new_tokens(base, cut, suffix, 1)
         if not tokens:
             return multiple()
+        # every output token's KV is written (the machine decodes over each one): out_len + 1 tokens
+        return self._admit(extra, tokens, out_len, out_len + 1)
+
+    def _admit(self, extra: Any, tokens: tuple[int, ...], out_len: int, max_new_tokens: int | None) -> Any:
+        """Admit a request of ``tokens`` that will decode ``out_len`` tokens, reserving KV for
+        ``max_new_tokens`` outputs (``None``: the prompt only), and check the hit and the live state
+        against the oracle. Returns its key for the ``sequences`` bundle, or ``multiple()`` if refused."""
+        assert self.adapter is not None and self.oracle is not None
         want = self.oracle.expect_match(extra, tokens[:-1])
         rid = self.next_rid
         self.next_rid += 1
-        # every output token's KV is written (the machine decodes over each one): out_len + 1 tokens
-        out = self.adapter.admit(rid, extra, tokens, max_new_tokens=out_len + 1)
+        out = self.adapter.admit(rid, extra, tokens, max_new_tokens=max_new_tokens)
         if out is None:
             return multiple()
         self.plans[rid] = out_len
@@ -352,6 +377,7 @@ class CacheMachine(RuleBasedStateMachine):
             if offers is None:
                 break  # out of KV: the request waits
             self._announce(offers)
+            self._remember_lock(rid)
 
     @precondition(lambda self: self._caps("requests") and any(self.plans[r] > 0 for r in self._rids(False)))
     @rule(pick=st.integers(0, 7), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=6))
@@ -367,8 +393,10 @@ class CacheMachine(RuleBasedStateMachine):
                 break  # out of KV: the request waits
             self.plans[rid] -= 1
             self._announce(offers)
+            if offers:  # a decode hand-over moved the lock
+                self._remember_lock(rid)
 
-    @precondition(lambda self: self._caps("requests") and bool(self.plans))
+    @precondition(lambda self: self._caps("requests") and bool(self._rids(None)))
     @rule(pick=st.integers(0, 7), insert=st.booleans())
     @_step
     def finish(self, pick: int, insert: bool) -> None:
@@ -378,6 +406,16 @@ class CacheMachine(RuleBasedStateMachine):
         rid = rids[pick % len(rids)]
         self._announce(self.adapter.finish(rid, insert))
         del self.plans[rid]
+
+    def _remember_lock(self, rid: int) -> None:
+        """Remember the lock request ``rid`` holds now, after a hand-over that may have moved it: a later
+        hand-over in the same step moves it again, so neither observation around the step sees it, yet the
+        soft per-path cap ran under it (a checkpoint it covered could not be dropped). O(running)."""
+        assert self.adapter is not None
+        for view in self.adapter.running():
+            if view.rid == rid:
+                protected = tuple(view.tokens[: view.protected_len])
+                self.step_locks.append((view.extra_key, protected) if protected else ROOT_KEY)
 
     def _announce(self, offers: list[tuple[Any, tuple[int, ...], tuple[int, ...], int]] | None) -> None:
         """Tell the oracle what a request handed to the cache: its KV from ``start`` on and a checkpoint
@@ -481,10 +519,12 @@ class CacheMachine(RuleBasedStateMachine):
             raw_keys.append(key)
         locked = raw_keys + req_keys
         # Locks held across the whole step must have kept their data; a lock taken or moved during the step
-        # may sit on data that step (re)inserted. The soft per-path cap ran while either set was held.
+        # may sit on data that step (re)inserted. The soft per-path cap ran while any of them was held, the
+        # ones held only between two hand-overs inside the step included.
         held_throughout = list((Counter(self.locked) & Counter(locked)).elements())
-        held_at_some_point = self.locked + locked
+        held_at_some_point = self.locked + locked + self.step_locks
         self.locked = locked
+        self.step_locks = []
         new_checkpoints = [k for k in snap.checkpoints if k not in self.oracle.checkpoints]
         self.oracle.observe(snap, held_throughout)
         cap = self.params.max_states_per_path
@@ -550,6 +590,566 @@ class CacheMachine(RuleBasedStateMachine):
         check_pools_full(adapter.ownership())
 
 
+# What the engine does with a forward it extended: commit it once the model ran, keep it pending across
+# steps (committed or aborted by a later rule), or abort the request before the commit.
+THEN = st.sampled_from(("commit", "hold", "abort"))
+
+
+def _short(value: Any, width: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _changes(before: Any, after: Any, limit: int = 6) -> str:
+    """What differs between two :meth:`LifecycleAdapter.lifecycle_state` results: up to ``limit`` paths
+    with their old and new values (for a multi-line dump, its first differing line). O(state size)."""
+    found: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if len(found) >= limit or a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b), key=repr):
+                walk(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{path}[{key!r}]")
+            return
+        if isinstance(a, str) and isinstance(b, str) and "\n" in a + b:
+            pairs = zip([*a.splitlines(), "<end>"], [*b.splitlines(), "<end>"], strict=False)
+            a, b = next(((x, y) for x, y in pairs if x != y), (a, b))
+        found.append(f"{path}: {_short(a)} -> {_short(b)}")
+
+    walk(before, after, "state")
+    return "; ".join(found)
+
+
+class LifecycleMachine(CacheMachine):
+    """:class:`CacheMachine` plus the engine's paged request lifecycle, step by step (capability
+    ``"lifecycle_steps"``, :class:`~mamba_radix.testing.adapter.LifecycleAdapter`). For an adapter without
+    the capability it runs :class:`CacheMachine`'s rules and none of its own.
+
+    With the capability the base machine's request rules, ``evict``, ``inject_fault``, ``match`` and
+    ``unlock`` are off (subsumed below, or the base machine's business), and these run:
+
+    - ``admit_request``: the read-only ``can_admit`` first (it must change nothing); its no must be a
+      refusal of ``admit`` with nothing changed. ``reserve=False`` reserves the prompt's KV only, so the
+      request's decode can run short (then retraction);
+    - ``batch_step``: one scheduler iteration: extend every running request (prefill chunks cut from a
+      shared budget by ``prefill_chunk_len``, one sampled token per decoding request; a request done
+      decoding finishes), then commit, hold or abort each forward; a decoding request short of KV is
+      retracted;
+    - ``prefill_step``: prefill chunks of one request: SGLang's cut of each drawn budget (checked against
+      the rule: the rest of the prompt if it fits, else up to the last page boundary; the uncut budget,
+      where it differs, must be refused), or raw lengths, refused unless they end on a page boundary or at
+      the prompt's end;
+    - ``decode_step``: decode forwards of one request, one to three tokens each; refused when a token is
+      not sampled yet or the span crosses the next decode boundary;
+    - after an accepted extend the forward is committed, aborted with it pending (``finish(insert=False)``:
+      its KV freed with the request's, each page once), or held pending for later steps and misused at
+      once (extend again, ``finish(insert=True)``); ``commit_step`` commits a held forward,
+      ``end_request`` aborts its request (or finishes or aborts one with none pending); after an abort the
+      forward's plan is committed anyway (the model's result arriving late), which must be refused;
+    - a KV shortage (``extend`` returned ``None``): the request waits, or is retracted (aborted and
+      queued); ``readmit`` admits it again as a fresh request of its tokens so far;
+    - ``probe``: one request misused in every way applicable now: a zero-token extend, a prefill chunk
+      ending inside a page or past the prompt, a decode over a token not sampled, a decode span across the
+      boundary, a stale commit; for a finished request, commit, finish and extend it again;
+    - ``pressure``: eviction or a fault (hold capacity away, release it, fail the next allocation).
+
+    Every call the contract refuses must come back :class:`~mamba_radix.testing.adapter.Refused` with the
+    adapter's ``lifecycle_state()`` (tree dump, pools, counters, reservations, stats, every request's
+    fields and row) unchanged; a call it allows must not be refused; after ``extend`` returned ``None`` the
+    requests must be as before (eviction may have run). The base after-step checks then run with forwards
+    pending: their KV is their requests'. Each event is counted in the class's ``coverage`` (and as a
+    Hypothesis ``event``), so a test can assert that the rules reached every kind of step.
+    """
+
+    max_input: ClassVar[int] = 32  # two pages of 16 and a partial third: chunks on and off page boundaries
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: dict[int, PendingForward] = {}  # rid -> its forward extended, not committed
+        self.retracted: list[tuple[Any, tuple[int, ...], int]] = []  # (extra_key, tokens, outputs left)
+        self.finished_rids: list[int] = []
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @property
+    def lc(self) -> LifecycleAdapter:
+        assert self.adapter is not None
+        return cast(LifecycleAdapter, self.adapter)
+
+    def _lifecycle(self) -> bool:
+        return self._caps("lifecycle_steps")
+
+    def _rids(self, in_prefill: bool | None) -> list[int]:
+        # a request with a forward pending is the lifecycle rules' own until it is committed or aborted
+        return [r for r in super()._rids(in_prefill) if r not in self.pending]
+
+    def _note(self, what: str) -> None:
+        """Count an event in the class's ``coverage`` (and in Hypothesis' statistics)."""
+        type(self).coverage[what] += 1
+        if currently_in_test_context():
+            event(what)
+
+    def _observe(self) -> TreeSnapshot:
+        before = self.totals
+        snap = super()._observe()
+        if (
+            self._lifecycle()
+            and before is not None
+            and self.totals is not None
+            and self.totals[0] > before[0]
+        ):
+            self._note(f"KV evicted (page={self.page})")
+        return snap
+
+    def _call(
+        self,
+        why: str | None,
+        where: str,
+        call: Callable[[], Any],
+        *,
+        read_only: bool = False,
+        absent_ok: bool = False,
+    ) -> Any:
+        """Run one lifecycle call that the contract refuses (``why``: the reason) or allows (``None``).
+
+        A refusal must be predicted and must leave ``lifecycle_state()`` exactly as it was, as must any
+        result of a ``read_only`` call, or a ``None`` that means "nothing to call" (``absent_ok``); an
+        allowed call must not be refused; otherwise ``None`` (KV short) must leave every request as it was
+        (eviction may have changed the tree). Raises :class:`SuiteViolation` otherwise. Returns the call's
+        result. O(lifecycle state) on top of the call.
+        """
+        before = self.lc.lifecycle_state()
+        out = call()
+        if read_only or (absent_ok and out is None):
+            after = self.lc.lifecycle_state()
+            if after != before:
+                raise SuiteViolation(f"{where}: a read-only call changed {_changes(before, after)}")
+            if out is None:
+                return None
+        if isinstance(out, Refused):
+            if why is None:
+                raise SuiteViolation(f"{where}: the {out.call} was refused, but it is valid: {out.reason}")
+            after = self.lc.lifecycle_state()
+            if after != before:
+                raise SuiteViolation(
+                    f"{where}: the {out.call} was refused ({why}) but changed {_changes(before, after)}"
+                )
+            self._note(f"refused: {why}")
+            return out
+        if why is not None:
+            raise SuiteViolation(f"{where}: accepted, but the contract refuses it: {why}")
+        if out is None:
+            after = self.lc.lifecycle_state()
+            if after["requests"] != before["requests"]:
+                raise SuiteViolation(
+                    f"{where}: KV short, but the requests changed: "
+                    f"{_changes(before['requests'], after['requests'])}"
+                )
+        return out
+
+    def _refusal(self, view: LifecycleView, num_tokens: int, known: int) -> str | None:
+        """Why the contract refuses extending ``view``'s request by ``num_tokens`` when ``known`` tokens
+        are known, or ``None``. O(1)."""
+        start, end = view.kv_len, view.kv_len + num_tokens
+        if view.pending is not None:
+            return "extend while a forward is pending"
+        if num_tokens < 1:
+            return "extend by zero tokens"
+        if start < view.prompt_len:
+            if end > view.prompt_len:
+                return "prefill chunk past the prompt's end"
+            if end != view.prompt_len and end % self.page:
+                return "prefill chunk ending inside a page"
+            return None
+        if end > known:
+            return "decode over a token not sampled yet"
+        if view.decode_boundary is not None and end > view.decode_boundary:
+            return "decode span across the decode boundary"
+        return None
+
+    def _start(self, view: LifecycleView, num_tokens: int, sampled: tuple[int, ...] = ()) -> Any:
+        """``start_forward`` through :meth:`_call`, its refusal predicted by :meth:`_refusal`."""
+        why = self._refusal(view, num_tokens, view.seq_len + len(sampled))
+        where = (
+            f"extend req {view.rid} by {num_tokens} at kv_len {view.kv_len} (prompt {view.prompt_len}, "
+            f"page {self.page}, decode boundary {view.decode_boundary}, sampled {list(sampled)})"
+        )
+        return self._call(why, where, lambda: self.lc.start_forward(view.rid, num_tokens, sampled))
+
+    def _started(self, rid: int, out: Any, retract: bool) -> bool:
+        """After an extend: record its pending forward (``True``); after a refusal nothing; after a KV
+        shortage the request waits, or is retracted (``retract``: aborted and queued again)."""
+        if isinstance(out, Refused):
+            return False
+        if out is None:
+            self._note("KV short")
+            if retract:
+                self._abort(rid, requeue=True)
+                self._note("retracted when KV was short")
+            return False
+        self.pending[rid] = out
+        self._note(f"forward: {'prefill' if out.is_prefill else 'decode'} (page={self.page})")
+        return True
+
+    def _resolve(self, rid: int, then: str, retract: bool) -> None:
+        """What the engine does with ``rid``'s pending forward: commit it (``then="commit"``), abort the
+        request with it pending (``"abort"``; ``retract``: queue it again), or keep it pending for a later
+        step (``"hold"``), misusing it at once (:meth:`_misuse_pending`)."""
+        if then == "commit":
+            self._commit_pending(rid)
+        elif then == "abort":
+            self._abort_pending(rid, retract)
+        else:
+            self._misuse_pending(self.lc.lifecycle_view(rid))
+
+    def _commit_pending(self, rid: int) -> None:
+        forward = self.pending.pop(rid)
+        self._announce(self.lc.commit_forward(rid))
+        self._remember_lock(rid)
+        if not forward.is_prefill:
+            self.plans[rid] -= forward.end - forward.start
+
+    def _finish(self, rid: int) -> None:
+        """``finish(insert=True)`` of a request with no forward pending."""
+        assert self.adapter is not None
+        self._announce(self.adapter.finish(rid, True))
+        del self.plans[rid]
+        self.finished_rids.append(rid)
+
+    def _abort(self, rid: int, requeue: bool) -> None:
+        """``finish(insert=False)``, with or without a forward pending; ``requeue``: queue the request's
+        tokens so far (and the outputs it has left) for :meth:`readmit`, as an engine's retraction does."""
+        assert self.adapter is not None
+        view = next(v for v in self.adapter.running() if v.rid == rid)
+        forward = self.pending.pop(rid, None)
+        left = self.plans.pop(rid)
+        if forward is not None and not forward.is_prefill:
+            left = max(left - (forward.end - forward.start), 0)  # its sampled tokens are in view.tokens
+        self._announce(self.adapter.finish(rid, False))
+        self.finished_rids.append(rid)
+        if requeue:
+            self.retracted.append((view.extra_key, view.tokens, left))
+
+    def _release_everything(self, adapter: CacheAdapter) -> None:
+        for rid in sorted(self.pending):  # pending forwards run to the end, then the base teardown
+            self._commit_pending(rid)
+            self.check_everything()
+        super()._release_everything(adapter)
+
+    @staticmethod
+    def _cut(view: LifecycleView, budget: int, page: int) -> int:
+        """SGLang's chunk cut, the contract of ``prefill_chunk_len``: the rest of the prompt if it fits in
+        ``budget``, else the tokens up to the last page boundary within it (``0``: none). O(1)."""
+        if view.kv_len + budget >= view.prompt_len:
+            return view.prompt_len - view.kv_len
+        return max((view.kv_len + budget) // page * page - view.kv_len, 0)
+
+    # With the capability, the base machine's admit / prefill / decode rules are subsumed by
+    # admit_request / prefill_step / decode_step (a reserved admission, a chunk of the configured size, one
+    # decode token are among their draws), evict and inject_fault by pressure, finish by end_request; match
+    # and unlock stay the base machine's business (every admission matches, checked against the oracle; a
+    # lock held outside a request would switch the cache's exact conservation check off). They are off
+    # then, so the engine's rules get those steps; without the capability they are the rules, as in
+    # CacheMachine (precondition() on a rule adds to its preconditions).
+    _without_steps = precondition(lambda self: not self._lifecycle())
+    match = _without_steps(CacheMachine.match)
+    unlock = _without_steps(CacheMachine.unlock)
+    admit = _without_steps(CacheMachine.admit)
+    prefill = _without_steps(CacheMachine.prefill)
+    decode = _without_steps(CacheMachine.decode)
+    finish = _without_steps(CacheMachine.finish)
+    evict = _without_steps(CacheMachine.evict)
+    inject_fault = _without_steps(CacheMachine.inject_fault)
+    del _without_steps
+
+    @precondition(lambda self: self._lifecycle())
+    @rule(
+        kind=st.sampled_from(["evict", "hold", "release", "fail_next"]),
+        pool=st.sampled_from(["kv", "kv", "state"]),  # KV shortage is what retraction answers
+        num=st.integers(0, 6),
+    )
+    @_step
+    def pressure(self, kind: str, pool: str, num: int) -> None:
+        """Memory pressure from outside the requests, one rule for the base machine's two (so the engine's
+        rules get more of each example): evict ``num`` tokens and ``num // 3`` states (the ``evict`` rule's
+        checks), or a fault (the ``inject_fault`` rule's; needs capability ``"faults"``): hold one to four
+        entries of a pool away (more would starve every request of a tiny pool until the next release),
+        give every held entry back, or fail the next allocation."""
+        if kind == "evict" or not self._caps("faults"):
+            CacheMachine.evict(self, num, num // 3)
+        else:
+            CacheMachine.inject_fault(self, kind, pool, 1 + num % 4)
+
+    # ---------------------------------------------------------------------------------------- rules
+    @precondition(lambda self: self._lifecycle())
+    @rule(
+        target=CacheMachine.sequences,
+        base=CacheMachine.sequences,
+        cut=cuts(),
+        # never empty, and longer than the base machine's: two pages of 16 and chunks to cut
+        suffix=st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=20),
+        out_len=st.integers(0, 12),
+        reserve=st.booleans(),
+    )
+    @_step
+    def admit_request(self, base: Key, cut: int, suffix: list[int], out_len: int, reserve: bool) -> Any:
+        """Admit after the read-only admission check; ``reserve=False`` reserves the prompt's KV only."""
+        tokens = self._new_tokens(base, cut, suffix, 1)
+        if not tokens:
+            return multiple()
+        return self._admit_checked(base[0], tokens, out_len, reserve)
+
+    def _admit_checked(self, extra: Any, tokens: tuple[int, ...], out_len: int, reserve: bool) -> Any:
+        assert self.adapter is not None
+        max_new = out_len + 1 if reserve else None
+        where = f"admission of {(extra, tokens)} (max_new_tokens={max_new})"
+        ok, reason = self._call(
+            None, f"can_admit: {where}", lambda: self.lc.can_admit(extra, tokens, max_new), read_only=True
+        )
+        if ok:
+            return self._admit(extra, tokens, out_len, max_new)
+        rid = self.next_rid
+        self.next_rid += 1
+
+        def refused_admit() -> Refused | None:
+            out = self.adapter.admit(rid, extra, tokens, max_new_tokens=max_new)  # type: ignore[union-attr]
+            # admitted: None, which _call reports (the contract refuses what can_admit refused)
+            return Refused("admit", f"can_admit: {reason}") if out is None else None
+
+        self._call(f"admission ({reason})", where, refused_admit)
+        return multiple()
+
+    @precondition(lambda self: self._lifecycle() and bool(self._rids(True)))
+    @rule(
+        pick=st.integers(0, 7),
+        budgets=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+        raw=st.sampled_from((False, False, True)),
+        then=THEN,
+        retract=st.booleans(),
+    )
+    @_step
+    def prefill_step(self, pick: int, budgets: list[int], raw: bool, then: str, retract: bool) -> None:
+        """Up to one prefill chunk per budget, each committed but the last, which is committed, left
+        pending or aborted at once (``then``, see :meth:`_resolve`):
+        SGLang's cut of the budget (the uncut budget, where it differs, is refused first), or with ``raw``
+        the length ``budget % (tokens left + 2)``, refused unless it ends on a page boundary or at the
+        prompt's end. Stops at a refusal, a shortage or the prompt's end."""
+        rids = self._rids(True)
+        rid = rids[pick % len(rids)]
+        for i, budget in enumerate(budgets):
+            view = self.lc.lifecycle_view(rid)
+            if view.kv_len >= view.prompt_len:
+                break
+            num = budget % (view.prompt_len - view.kv_len + 2) if raw else self._cut_chunk(view, budget)
+            if num == 0 and not raw:
+                self._note("cut: no page boundary within the budget")
+                continue  # the engine schedules the chunk later
+            out = self._start(view, num)
+            if self._started(rid, out, retract):
+                self._resolve(rid, then if i == len(budgets) - 1 else "commit", retract)
+            if rid in self.pending or not isinstance(out, PendingForward):
+                break
+
+    def _cut_chunk(self, view: LifecycleView, budget: int, probe: bool = True) -> int:
+        """``prefill_chunk_len`` of ``budget``, checked against SGLang's cut (:meth:`_cut`). With ``probe``,
+        the uncut budget, where it differs, ends inside a page or past the prompt (or is zero) and must be
+        refused."""
+        num = self.lc.prefill_chunk_len(view.rid, budget)
+        want = self._cut(view, budget, self.page)
+        if num != want:
+            raise SuiteViolation(
+                f"prefill_chunk_len(req {view.rid}, {budget}) at kv_len {view.kv_len} of a "
+                f"{view.prompt_len}-token prompt (page {self.page}) is {num}, expected {want}"
+            )
+        if probe and num != budget:
+            self._start(view, budget)
+        return num
+
+    @precondition(lambda self: self._lifecycle() and bool(self._rids(None)))
+    @rule(
+        budget=st.integers(0, 40),
+        thens=st.lists(THEN, max_size=3),
+        tokens=st.lists(st.integers(0, 2), min_size=3, max_size=3),
+        retract=st.booleans(),
+    )
+    @_step
+    def batch_step(self, budget: int, thens: list[str], tokens: list[int], retract: bool) -> None:
+        """One scheduler iteration, as an engine runs it: extend every running request with no forward
+        pending (a prefill chunk cut from what is left of ``budget``, or one sampled decode token; a
+        request that decoded all its outputs finishes instead), and only then, request by request,
+        commit, hold or abort each forward (``thens``, then commit). A KV shortage retracts a decoding
+        request (SGLang's retract_decode) and leaves a prefilling one waiting, or retracts it too
+        (``retract``)."""
+        started: list[int] = []
+        for i, rid in enumerate(self._rids(None)):
+            view = self.lc.lifecycle_view(rid)
+            sampled: tuple[int, ...] = ()
+            if view.kv_len < view.prompt_len:
+                num = self._cut_chunk(view, budget, probe=False)
+                if num == 0:
+                    continue  # no page boundary within the budget left: the chunk waits
+                budget -= num
+            elif self.plans[rid] > 0:
+                num, sampled = 1, (tokens[i % len(tokens)],)
+            else:
+                self._finish(rid)  # all its outputs decoded
+                continue
+            if self._started(rid, self._start(view, num, sampled), retract or bool(sampled)):
+                started.append(rid)
+        for j, rid in enumerate(started):
+            self._resolve(rid, thens[j] if j < len(thens) else "commit", retract)
+
+    @precondition(lambda self: self._lifecycle() and any(self.plans[r] > 0 for r in self._rids(False)))
+    @rule(
+        pick=st.integers(0, 7),
+        spans=st.lists(
+            st.tuples(
+                st.sampled_from((1, 1, 2, 3)),
+                st.lists(st.integers(0, 2), min_size=3, max_size=3),
+                st.sampled_from((0, 0, 0, 1)),
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        then=THEN,
+        retract=st.booleans(),
+    )
+    @_step
+    def decode_step(
+        self, pick: int, spans: list[tuple[int, list[int], int]], then: str, retract: bool
+    ) -> None:
+        """Decode forwards, one per ``(num, tokens, missing)``: sample ``num - missing`` of ``tokens`` and
+        extend over ``num`` tokens, refused if one is missing or if the span crosses the next decode
+        boundary (the engine then goes on with the next span); each forward is committed but the last,
+        which is committed, left pending or aborted (``then``). Stops at a shortage or at the end of the
+        request's outputs."""
+        rids = [r for r in self._rids(False) if self.plans[r] > 0]
+        rid = rids[pick % len(rids)]
+        for i, (num, tokens, missing) in enumerate(spans):
+            if self.plans[rid] == 0:
+                break
+            num = min(num, self.plans[rid])
+            out = self._start(self.lc.lifecycle_view(rid), num, tuple(tokens[: num - missing]))
+            if self._started(rid, out, retract):
+                self._resolve(rid, then if i == len(spans) - 1 else "commit", retract)
+            if rid in self.pending or out is None:
+                break
+
+    @precondition(lambda self: self._lifecycle() and bool(self.pending))
+    @rule(pick=st.integers(0, 7))
+    @_step
+    def commit_step(self, pick: int) -> None:
+        """The model ran a pending forward: commit it."""
+        rids = sorted(self.pending)
+        self._commit_pending(rids[pick % len(rids)])
+
+    @precondition(lambda self: self._lifecycle() and bool(self.plans))
+    @rule(pick=st.integers(0, 7), insert=st.booleans(), requeue=st.booleans())
+    @_step
+    def end_request(self, pick: int, insert: bool, requeue: bool) -> None:
+        """End a running request early (the base machine's ``finish`` rule, which this one replaces here):
+        with a forward pending, abort it between its extend and its commit (``finish(insert=False)``: the
+        forward's KV is freed with the request's, each page once); otherwise finish it (``insert``) or
+        abort it. ``requeue`` (aborts only): it may be admitted again later."""
+        rids = sorted(self.plans)
+        rid = rids[pick % len(rids)]
+        if rid in self.pending:
+            self._abort_pending(rid, requeue)
+        elif insert:
+            self._finish(rid)
+        else:
+            self._abort(rid, requeue)
+
+    def _abort_pending(self, rid: int, requeue: bool) -> None:
+        """Abort ``rid`` with its forward pending, counting which kind of forward it was."""
+        forward = self.pending[rid]
+        kind = "prefill" if forward.is_prefill else "decode"
+        self._note(f"abort: pending {kind} forward (page={self.page})")
+        if forward.start % self.page:
+            self._note(f"abort: pending {kind} forward continuing a partial page (page={self.page})")
+        if forward.end % self.page:
+            self._note(f"abort: pending {kind} forward ending inside a page (page={self.page})")
+        if forward.start < self.page:
+            self._note(f"abort: pending forward in the first page (page={self.page})")
+        self._abort(rid, requeue)
+        # the model's result arrives after the abort: the engine must not be able to commit it
+        self._probe_recommit(rid, "commit of a forward aborted in flight")
+
+    @precondition(lambda self: self._lifecycle() and bool(self.retracted))
+    @rule(target=CacheMachine.sequences, pick=st.integers(0, 7), reserve=st.booleans())
+    @_step
+    def readmit(self, pick: int, reserve: bool) -> Any:
+        """Admit a retracted request again, as a fresh request of its tokens so far (queued again if it does
+        not fit now)."""
+        extra, tokens, left = self.retracted.pop(pick % len(self.retracted))
+        key = self._admit_checked(extra, tokens, left, reserve)
+        if isinstance(key, tuple):
+            self._note("re-admitted after an abort")
+        else:
+            self.retracted.append((extra, tokens, left))
+        return key
+
+    @precondition(lambda self: self._lifecycle() and bool(self.plans or self.finished_rids))
+    @rule(pick=st.integers(0, 7), insert=st.booleans())
+    @_step
+    def probe(self, pick: int, insert: bool) -> None:
+        """Misuse one request (``pick``: a running one, or one of the four that finished last) in every way
+        applicable now; the contract refuses each, and a refusal must change nothing."""
+        rids = sorted(self.plans) + self.finished_rids[-4:]
+        rid = rids[pick % len(rids)]
+        if rid not in self.plans:
+            self._misuse_finished(rid, insert)
+            return
+        view = self.lc.lifecycle_view(rid)
+        if view.pending is not None:
+            self._misuse_pending(view)
+            return
+        self._start(view, 0, () if view.kv_len < view.prompt_len else (0,))
+        if view.kv_len < view.prompt_len:
+            left = view.prompt_len - view.kv_len
+            inside = [n for n in range(1, left) if (view.kv_len + n) % self.page]
+            if inside:  # a chunk ending inside a page, short of the prompt's end
+                self._start(view, inside[pick % len(inside)])
+            self._start(view, left + 1 + pick % self.page)
+        else:
+            self._start(view, 1)  # no token sampled to decode over
+            if view.decode_boundary is not None:
+                across = view.decode_boundary - view.kv_len + 1
+                self._start(view, across, (0,) * across)
+        self._probe_recommit(rid, "commit of a plan committed already")
+
+    def _misuse_pending(self, view: LifecycleView) -> None:
+        """With a forward pending: extend again, and finish with an insert; both refused."""
+        assert view.pending is not None
+        self._start(view, 1, () if view.kv_len < view.prompt_len else (0,))
+        self._call(
+            "finish(insert=True) with a forward pending",
+            f"finish req {view.rid} with insert while [{view.pending.start}, {view.pending.end}) is pending",
+            functools.partial(self.lc.finish_step, view.rid, True),
+        )
+
+    def _misuse_finished(self, rid: int, insert: bool) -> None:
+        """A finished request: commit its newest plan, finish it again, extend it; all refused."""
+        self._probe_recommit(rid, "commit after its request finished")
+        self._call(
+            "finish of a finished request",
+            f"finish req {rid} again (insert={insert})",
+            functools.partial(self.lc.finish_step, rid, insert),
+        )
+        self._call(
+            "extend of a finished request",
+            f"extend req {rid} after it finished",
+            functools.partial(self.lc.start_forward, rid, 1, (0,)),
+        )
+
+    def _probe_recommit(self, rid: int, why: str) -> None:
+        """Commit the newest plan ``rid`` extended (none of its forwards pending: a stale plan); nothing to
+        probe if it extended none."""
+        self._call(
+            why, f"commit req {rid}'s newest plan again", lambda: self.lc.recommit(rid), absent_ok=True
+        )
+
+
 def _node_id(node: Any) -> int:
     """A node handle's key in ``TreeSnapshot.node_keys``: an int handle is its own id; otherwise the
     handle's ``id`` attribute, or ``id(handle)``."""
@@ -562,15 +1162,18 @@ def make_machine(
     adapter_factory: Callable[[SuiteParams], CacheAdapter],
     params_strategy: st.SearchStrategy[SuiteParams],
     name: str = "CacheMachine",
+    base: type[CacheMachine] = CacheMachine,
 ) -> type[CacheMachine]:
-    """A :class:`CacheMachine` subclass bound to an adapter factory and a params strategy, with its own
-    :class:`~mamba_radix.testing.known.FailureLog` (``known_failures``)."""
+    """A subclass of ``base`` (:class:`CacheMachine`, or :class:`LifecycleMachine` for its paged-lifecycle
+    rules) bound to an adapter factory and a params strategy, with its own
+    :class:`~mamba_radix.testing.known.FailureLog` (``known_failures``) and ``coverage`` counter."""
     return type(
         name,
-        (CacheMachine,),
+        (base,),
         {
             "adapter_factory": staticmethod(adapter_factory),
             "params_strategy": params_strategy,
             "known_failures": FailureLog(),
+            "coverage": Counter(),
         },
     )

@@ -14,7 +14,7 @@ happen in almost every example.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hypothesis import strategies as st
 
@@ -45,19 +45,24 @@ def suite_params(
     kv_tokens: tuple[int, int] = (12, 64),
     spare_slots: tuple[int, int] | None = None,
     prefill_chunks: Sequence[int] = (2, 3, 4, 6, 8),
+    kv_tokens_by_page: Mapping[int, tuple[int, int]] | None = None,
+    req_rows: tuple[int, int] = (1, 3),
 ) -> SuiteParams:
     """A consistent :class:`SuiteParams`. ``strategies``/``page_sizes``/``caps``/``kv_only_leaves``: the
-    choices (pass a single one to fix a knob); ``kv_tokens``: the KV pool's range in tokens. State slots
-    range from one request's share (:func:`slots_per_request`) to three requests' worth plus four
-    checkpoints, or to the share plus ``spare_slots`` (a range) when given. ``prefill_chunks``: the
-    unpaged chunk sizes (paged: one to three pages)."""
+    choices (pass a single one to fix a knob); ``kv_tokens``: the KV pool's range in tokens, or
+    ``kv_tokens_by_page[page_size]`` where given (large pages need more tokens for the same few pages: a
+    pool of two 16-token pages admits almost nothing). State slots range from one request's share
+    (:func:`slots_per_request`) to three requests' worth plus four checkpoints, or to the share plus
+    ``spare_slots`` (a range) when given. ``prefill_chunks``: the unpaged chunk sizes (paged: one to three
+    pages). ``req_rows``: the range of request rows. With the defaults of the last two arguments the draws
+    are the same as before they existed."""
     strategy = draw(st.sampled_from(list(strategies)))
     page = 1 if strategy == "no_buffer" else draw(st.sampled_from(list(page_sizes)))
     overlap = {"no_buffer": False, "extra_buffer_lazy": True}.get(strategy)
     if overlap is None:
         overlap = draw(st.booleans())
     per_request = slots_per_request(strategy, overlap)
-    tokens = draw(st.integers(*kv_tokens))
+    tokens = draw(st.integers(*(kv_tokens_by_page or {}).get(page, kv_tokens)))
     return SuiteParams(
         page_size=page,
         strategy=strategy,
@@ -65,7 +70,7 @@ def suite_params(
         max_states_per_path=draw(st.sampled_from(list(caps))),
         kv_pages=max(tokens // page, 2),
         state_slots=per_request + draw(st.integers(*(spare_slots or (0, 2 * per_request + 4)))),
-        req_rows=draw(st.integers(1, 3)),
+        req_rows=draw(st.integers(*req_rows)),
         state_chunk=draw(st.sampled_from([1, 2, 4])),
         # a page multiple when paged: chunks then start on page boundaries, so checkpoints land on pages
         prefill_chunk=draw(st.sampled_from(list(prefill_chunks)))

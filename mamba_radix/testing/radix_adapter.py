@@ -4,18 +4,23 @@ It builds a tiny cache from :class:`~mamba_radix.testing.adapter.SuiteParams` (p
 tokens and a handful of state slots, so eviction and slot exhaustion happen all the time), plays the part
 of the model by stamping state slots (:mod:`mamba_radix.state_stamp`), and runs requests through the
 cache's request lifecycle (:mod:`mamba_radix.lifecycle`: ``admit``, ``extend`` / ``commit`` per prefill
-chunk and decode step, ``finish``), writing states exactly where each plan says.
+chunk and decode step, ``finish``), writing states exactly where each plan says. With capability
+``"lifecycle_steps"`` it also exposes the two halves of a forward separately (``start_forward`` extends
+and leaves the plan pending, ``commit_forward`` plays the model and commits), aborts with a plan pending,
+SGLang's chunk cut, and every refused misuse as :class:`~mamba_radix.testing.adapter.Refused`, with
+``lifecycle_state`` to show that a refusal changed nothing.
 
 Before running a chunk or a decode step the adapter checks that the live state it starts from is the state
 of exactly the tokens whose KV the request holds (a model would otherwise continue from garbage).
 
-:func:`radix_params` is the Hypothesis strategy of configurations this cache accepts.
+:func:`radix_params` is the Hypothesis strategy of configurations this cache accepts;
+:func:`lifecycle_params` its paged-lifecycle variant (page sizes 1, 4 and 16).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -23,6 +28,7 @@ from hypothesis import strategies as st
 
 from mamba_radix.cache import MambaRadixCache
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, CacheConfig
+from mamba_radix.errors import InvalidArgument
 from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
 from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
@@ -32,9 +38,12 @@ from mamba_radix.testing.adapter import (
     AdmitOutcome,
     EvictOutcome,
     InsertOutcome,
+    LifecycleView,
     MatchOutcome,
     Offer,
     Ownership,
+    PendingForward,
+    Refused,
     RunningView,
     SuiteParams,
     TreeSnapshot,
@@ -46,9 +55,20 @@ from mamba_radix.testing.params import suite_params
 from mamba_radix.testing.stamps import expected_stamp
 from mamba_radix.tree import RadixKey
 
-__all__ = ["MambaRadixAdapter", "RadixSuiteParams", "radix_params"]
+__all__ = [
+    "LIFECYCLE_PAGE_SIZES",
+    "MambaRadixAdapter",
+    "RadixSuiteParams",
+    "lifecycle_params",
+    "radix_params",
+]
 
-MAX_CONTEXT = 64  # request rows are this wide: inputs (<= 20) plus outputs (<= 12 per decode plan)
+# Request rows are this wide: a request's tokens (a prompt of <= 32 and <= 12 outputs; a retracted one comes
+# back with its outputs so far in its prompt, the same 44 in all), plus room for the refused probes' decode
+# spans up to the next boundary (<= 3 pages of 16 + 1) past that, so that such a probe is refused for
+# crossing the boundary, not for the row's width.
+MAX_CONTEXT = 128
+LIFECYCLE_PAGE_SIZES: tuple[int, ...] = (1, 4, 16)
 _NO_SLOT = -1
 
 
@@ -98,6 +118,20 @@ def radix_params(
     )
 
 
+def lifecycle_params(
+    strategies: Sequence[str] = ("no_buffer", "extra_buffer", "extra_buffer_lazy"),
+    page_sizes: Sequence[int] = LIFECYCLE_PAGE_SIZES,
+    **suite: Any,
+) -> st.SearchStrategy[SuiteParams]:
+    """:func:`radix_params` for the paged-lifecycle machine: page sizes 1, 4 and 16 (no_buffer: 1), KV
+    pools of 16-64 tokens, and of 48-96 tokens (3-6 pages) at page size 16, so that a prompt of up to
+    32 tokens and 12 outputs (3 pages) fits, two or three requests (rows) compete, and the tree evicts."""
+    suite.setdefault("kv_tokens", (16, 64))
+    suite.setdefault("req_rows", (2, 3))
+    suite.setdefault("kv_tokens_by_page", {16: (48, 96)})
+    return radix_params(strategies=strategies, page_sizes=page_sizes, **suite)
+
+
 class MambaRadixAdapter:
     """:class:`~mamba_radix.testing.adapter.CacheAdapter` for our cache, pools and engine protocol."""
 
@@ -112,6 +146,7 @@ class MambaRadixAdapter:
             "exact_evict_report",
             "partial_page_keys",
             "eviction_totals",
+            "lifecycle_steps",
         }
     )
 
@@ -149,6 +184,10 @@ class MambaRadixAdapter:
             self.allocator = PagedTokenToKVPoolAllocator(kv_tokens, page)
         self.cache = MambaRadixCache(self.config, self.req_pool, self.allocator)
         self.reqs: dict[int, Req] = {}
+        # Finished requests stay nameable: the misuse probes finish, extend or commit them again. O(1) each.
+        self.gone: dict[int, Req] = {}
+        # rid -> the newest plan it extended (the stale-commit probe, once committed or aborted)
+        self.newest_plan: dict[int, ForwardPlan] = {}
         self.raw_locks = 0  # locks taken through lock(), outside any request
         self.kv_hold = CapacityHold(self.allocator.alloc, self.allocator.free)
         self.state_hold = CapacityHold(self.mamba_pool.alloc, self.mamba_pool.free)
@@ -198,6 +237,7 @@ class MambaRadixAdapter:
             handed = plan.track_len if self.config.mamba_decode_insert else None
         protected, skipped = req.cache_protected_len, self.cache.stats.checkpoints_skipped
         self.cache.commit(plan)
+        self.newest_plan[req.rid] = plan
         if handed is None or handed <= protected or self.cache.stats.checkpoints_skipped > skipped:
             return
         if req.cache_protected_len != handed:
@@ -312,17 +352,176 @@ class MambaRadixAdapter:
         return [offer] if self.config.mamba_decode_insert and plan.track_len is not None else []
 
     def finish(self, rid: int, insert: bool) -> list[Offer]:
-        req = self.reqs.pop(rid)
-        offer = self._offer(req)
+        out = self._finish(rid, insert)
+        if isinstance(out, Refused):
+            raise SuiteViolation(f"finish {rid} (insert={insert}) was refused: {out.reason}")
+        return out
+
+    def finish_step(self, rid: int, insert: bool) -> list[Offer] | Refused:
+        """:meth:`MambaRadixCache.finish` of request ``rid`` (running or finished already); a refusal
+        (``insert=True`` with a plan pending, a request finished twice) is returned, nothing changed here."""
+        return self._finish(rid, insert)
+
+    def _finish(self, rid: int, insert: bool) -> list[Offer] | Refused:
+        req = self._req(rid)
+        running = rid in self.reqs
+        offer = self._offer(req) if running else None
         cache_len, protected = self.cache.buffer.checkpoint_len(req), req.cache_protected_len
-        self.cache.finish(req, insert=insert)
+        try:
+            self.cache.finish(req, insert=insert)
+        except InvalidArgument as exc:
+            return Refused("finish", str(exc))
+        if running:
+            self.gone[rid] = self.reqs.pop(rid)
         if insert and req.mamba_lazy_is_insert and cache_len is not None and cache_len > protected:
             key = (req.extra_key, tuple(req.token_ids(cache_len)))
             if key not in self.snapshot().checkpoints:
                 raise SuiteViolation(
                     f"finish {rid}: no checkpoint at {cache_len} tokens after cache_finished_req"
                 )
-        return [offer]
+        return [] if offer is None else [offer]
+
+    # ------------------------------------------------------------------------ lifecycle steps
+    def _req(self, rid: int) -> Req:
+        """Running request ``rid``, else the finished one (KeyError if neither)."""
+        req = self.reqs.get(rid)
+        return self.gone[rid] if req is None else req
+
+    def lifecycle_view(self, rid: int) -> LifecycleView:
+        req = self.reqs[rid]
+        plan = req.pending_plan
+        prompt = len(req.origin_input_ids)
+        boundary = self.cache.buffer.next_decode_boundary(req.kv_len) if req.kv_len >= prompt else None
+        pending = None if plan is None else PendingForward(rid, plan.start, plan.end, plan.is_prefill)
+        return LifecycleView(rid, prompt, req.kv_len, req.seq_len, pending, boundary)
+
+    def prefill_chunk_len(self, rid: int, budget: int) -> int:
+        return self.cache.prefill_chunk_len(self.reqs[rid], budget)
+
+    def can_admit(
+        self, extra_key: Any, input_ids: Sequence[int], max_new_tokens: int | None
+    ) -> tuple[bool, str | None]:
+        """:meth:`MambaRadixCache.can_admit` for a fresh request of ``input_ids``. Read-only."""
+        check = self.cache.can_admit(
+            Req(rid="can_admit", origin_input_ids=list(input_ids), extra_key=extra_key), max_new_tokens
+        )
+        return check.ok, check.reason
+
+    def start_forward(
+        self, rid: int, num_tokens: int, sampled: Sequence[int] = ()
+    ) -> PendingForward | Refused | None:
+        """Append ``sampled`` to the request's outputs and :meth:`MambaRadixCache.extend` it by
+        ``num_tokens``; the plan stays pending (``req.pending_plan``). On a refusal or a KV shortage the
+        sampled tokens are taken back, so the request is as before. A finished request is extended too
+        (a misuse probe: the cache must refuse)."""
+        req = self._req(rid)
+        if rid in self.reqs:
+            self._check_live(req)
+        req.output_ids.extend(sampled)
+        try:
+            plan = self.cache.extend(req, num_tokens)
+        except InvalidArgument as exc:
+            del req.output_ids[len(req.output_ids) - len(sampled) :]
+            return Refused("extend", str(exc))
+        if plan is None:
+            del req.output_ids[len(req.output_ids) - len(sampled) :]
+            return None
+        self.newest_plan[rid] = plan
+        return PendingForward(rid, plan.start, plan.end, plan.is_prefill)
+
+    def commit_forward(self, rid: int) -> list[Offer]:
+        """Play the model for the pending plan and commit it (:meth:`_commit`); the offers as
+        :meth:`prefill_chunk` / :meth:`decode` report them."""
+        req = self.reqs[rid]
+        plan = req.pending_plan
+        if plan is None:
+            raise SuiteViolation(f"commit_forward {rid}: no plan is pending")
+        offer = self._offer(req, plan.end)
+        self._commit(plan)
+        if plan.is_prefill or (self.config.mamba_decode_insert and plan.track_len is not None):
+            return [offer]
+        return []
+
+    def recommit(self, rid: int) -> list[Offer] | Refused | None:
+        """Commit the newest plan request ``rid`` extended, with none pending (stale: committed already, or
+        its request finished since, an aborted forward's plan included); ``None`` if it extended none."""
+        plan = self.newest_plan.get(rid)
+        if plan is None:
+            return None
+        try:
+            self.cache.commit(plan)
+        except InvalidArgument as exc:
+            return Refused("commit", str(exc))
+        return [self._offer(plan.req)] if rid in self.reqs else []
+
+    def _request_state(self, req: Req) -> dict[str, Any]:
+        """Every field of ``req`` the lifecycle may write, and its request row, as plain data. O(row)."""
+        plan = req.pending_plan
+        row = None
+        if req.req_pool_idx is not None:
+            row = tuple(self.req_pool.req_to_token[req.req_pool_idx].tolist())
+        return {
+            "kv_len": req.kv_len,
+            "pending_plan": None
+            if plan is None
+            else (
+                id(plan),
+                plan.start,
+                plan.end,
+                tuple(plan.kv_indices.tolist()),
+                plan.live_slot,
+                plan.track_slot,
+                plan.track_len,
+                plan.is_prefill,
+            ),
+            "prefill_chunks": req.prefill_chunks,
+            "mamba_next_track_idx": req.mamba_next_track_idx,
+            "mamba_last_track_seqlen": req.mamba_last_track_seqlen,
+            "cache_protected_len": req.cache_protected_len,
+            "kv_reserved_tokens": req.kv_reserved_tokens,
+            "mamba_pool_idx": req.mamba_pool_idx,
+            "track_buffer": None
+            if req.mamba_ping_pong_track_buffer is None
+            else tuple(req.mamba_ping_pong_track_buffer),
+            "mamba_lazy_is_insert": req.mamba_lazy_is_insert,
+            "req_pool_idx": req.req_pool_idx,
+            "row": row,
+            "last_node": None if req.last_node is None else req.last_node.id,
+            "output_ids": tuple(req.output_ids),
+            "finished": req.finished,
+        }
+
+    def lifecycle_state(self) -> dict[str, Any]:
+        """The tree (its dump: nodes, KV spans, slots, locks, recency stamps, clock; and its resident
+        pages), the pools (free counts and allocated ids), the cache's size counters, ``reserved_kv_tokens``
+        and stats, and every request's fields and row, running or finished. O(tree + pools + rows)."""
+        cache = self.cache
+        rows = self.req_pool
+        return {
+            "tree": cache.pretty_print(),
+            "resident": self.snapshot().kv,
+            "kv pool": (self.allocator.available_size(), tuple(self.allocator.allocated_indices().tolist())),
+            "state pool": (
+                self.mamba_pool.available_size(),
+                tuple(self.mamba_pool.allocated_slots().tolist()),
+            ),
+            "request rows": (
+                rows.available_size(),
+                tuple(r for r in range(1, rows.size + 1) if rows.is_row_allocated(r)),
+                tuple(rows.reserved_slots()),
+            ),
+            "sizes": (
+                cache.full_evictable_size(),
+                cache.full_protected_size(),
+                cache.mamba_evictable_size(),
+                cache.mamba_protected_size(),
+            ),
+            "reserved_kv_tokens": cache.reserved_kv_tokens,
+            "stats": asdict(cache.stats),
+            "requests": {
+                rid: self._request_state(req) for rid, req in sorted({**self.gone, **self.reqs}.items())
+            },
+        }
 
     def running(self) -> list[RunningView]:
         views = []
@@ -382,7 +581,9 @@ class MambaRadixAdapter:
         slot_owners: dict[str, list[int]] = {"tree": tree_slots, "fault": list(self.state_hold.held)}
         row_owners: dict[str, list[int]] = {}
         for rid, req in self.reqs.items():
-            kv_owners[f"req {rid}"] = list(self._row(req, req.kv_len)[req.cache_protected_len :])
+            # an extend not committed yet owns its KV too (paged: it may continue the last partial page)
+            end = req.kv_len if req.pending_plan is None else req.pending_plan.end
+            kv_owners[f"req {rid}"] = list(self._row(req, end)[req.cache_protected_len :])
             held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
             held += [s for s in (req.mamba_ping_pong_track_buffer or []) if s != _NO_SLOT]
             slot_owners[f"req {rid}"] = held
