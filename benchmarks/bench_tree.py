@@ -60,7 +60,7 @@ from pathlib import Path
 
 import torch
 
-from mamba_radix import CacheConfig, MambaRadixCache, RadixKey
+from mamba_radix import CacheConfig, MambaRadixCache, RadixKey, walks
 from mamba_radix.node import TokenIds, as_token_ids, prefix_len_in
 from mamba_radix.strategies import prefill_track_len
 from mamba_radix.tree import RadixTree
@@ -330,7 +330,7 @@ def bench_keys(lengths: list[int], repeats: int) -> None:
         tree.insert(RadixKey(edge), torch.arange(n), 1)
         key = RadixKey(query)
         tm = _median_us(repeats, _tuple_common_len, edge_t, query_t, 0)
-        scratch = bytearray(len(tree._scratch))  # the tree's own reused buffer size
+        scratch = bytearray(8 * walks.SCRATCH_TOKENS)  # the size of a tree walk's reused buffer
         fm = _median_us(repeats, prefix_len_in, edge, memoryview(query), 0, scratch)
         tb = _median_us(repeats, _tuple_common_len, edge_t, bad_t, 0)
         fb = _median_us(repeats, prefix_len_in, edge, memoryview(bad), 0, scratch)
@@ -421,7 +421,7 @@ def bench_large_tree(nodes: int, measured: int, seed: int, profile: Path | None)
         "tree.match (walk, split, stamps)": _Timed(tree, "match"),
         "cache.insert": _Timed(cache, "insert"),
         "tree.insert": _Timed(tree, "insert"),
-        "tree._walk (match's, the check's, the insert's memo hit)": _Timed(tree, "_walk"),
+        "tree._walk (the walk loop: match's and insert's)": _Timed(tree, "_walk"),
     }
     for timer in timers.values():
         timer.on = True
@@ -442,8 +442,8 @@ def bench_large_tree(nodes: int, measured: int, seed: int, profile: Path | None)
     for label, timer in timers.items():
         print(f"| {label} | {len(timer.samples):,} | {timer.median_us():.1f} |")
     print(
-        "\ntree._walk: three a round, the walk of match, the walk of the cache's pre-insert KV check and "
-        "the insert's, which reuses the latter (RadixTree._walk remembers its last walk)."
+        f"\ntree._walk: the walk loop the tree chose at construction ({tree.walk_kind!r}, mamba_radix.walks), "
+        "two a round: the walk of match and the walk of insert."
     )
     if profile is not None:
         print(f"cProfile of the measured rounds written to {profile}")

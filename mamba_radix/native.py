@@ -2,9 +2,9 @@
 ``mamba_radix/_ctokens.c``, the prompt check, and ``mamba_radix/_cstate.c``, the one-slot state copy).
 
 ``MAMBA_RADIX_C=0`` in the environment at import makes every compiled path fall back to its pure-Python
-reference (the same results, more slowly); ``1``, the default, uses each extension that was built.
-``MAMBA_RADIX_C_WALK``, its name before the prompt check was compiled too, is still read when
-``MAMBA_RADIX_C`` is not set. Any other value is refused at import with :class:`InvalidArgument`.
+reference (the same results, more slowly); ``1``, the default, uses each extension that was built. Any
+other value is refused at import with :class:`InvalidArgument`. Each module reads the switch once, at
+import; the tree's walk is then chosen from it per tree (:func:`mamba_radix.walks.default_walk_kind`).
 """
 
 from __future__ import annotations
@@ -14,19 +14,17 @@ from collections.abc import Mapping
 
 from mamba_radix.errors import InvalidArgument
 
-__all__ = ["ENV", "LEGACY_ENV", "compiled_paths_enabled"]
+__all__ = ["ENV", "compiled_paths_enabled"]
 
 ENV = "MAMBA_RADIX_C"
-LEGACY_ENV = "MAMBA_RADIX_C_WALK"
 
 
 def compiled_paths_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the compiled paths may run (each still needs its extension built). O(1)."""
-    name = ENV if ENV in environ else LEGACY_ENV
-    value = environ.get(name, "1")
+    value = environ.get(ENV, "1")
     if value not in ("0", "1"):
         raise InvalidArgument(
-            f"{name}={value!r} is not a switch; set it to 1 (the compiled paths where they were built, the "
+            f"{ENV}={value!r} is not a switch; set it to 1 (the compiled paths where they were built, the "
             "default) or 0 (always the pure-Python references)"
         )
     return value == "1"

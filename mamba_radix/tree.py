@@ -11,20 +11,16 @@ Recency is a logical clock (:attr:`RadixTree.clock`) that ticks once per request
 (:meth:`RadixTree.match`, :meth:`RadixTree.insert`); every node that operation touches gets the new tick,
 so a path touched together shares one stamp and ties are broken by depth (see :mod:`mamba_radix.eviction`).
 
-Which walk runs: a walk with page size 1 and no namespace (the common case) takes the page-1 loop. It
-runs compiled (``mamba_radix._cwalk``, built from ``mamba_radix/_cwalk.c`` by ``pip install``) when the
-extension imported, because on a large tree the Python loop's interpreter work per node dominates a match;
-the compiled loop compares in the key's own buffer, so it copies nothing and takes keys of any length.
-Else (not built, ``MAMBA_RADIX_C=0`` at import, see :mod:`mamba_radix.native`, or :data:`_C_WALK` set to
-False) a key that fits the scratch buffer takes the pure-Python :func:`_walk_in_scratch`, the reference (a
-property test checks the two agree). The extension is optional: a machine without a C compiler installs without it and gets the
-Python loops, with the same results. Every other walk takes the general loop in
-:meth:`RadixTree._walk_tokens`.
+The fast paths are chosen once, when a tree is built, each behind its own module, and each keeps the
+pure-Python reference a property test checks it against: the walk loop (:mod:`mamba_radix.walks`: compiled,
+scratch or general) and the eviction index's form (:func:`mamba_radix.eviction.make_index`: lazy stamps,
+deferred removal). So the tree's own code is the reference's shape: one :meth:`RadixTree.walk`, and one
+``index.touch`` / ``index.touch_mamba`` per stamp.
 """
 
 from __future__ import annotations
 
-from array import array
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
@@ -32,29 +28,18 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
+from mamba_radix.candidates import COMPACT_MIN_DEAD
 from mamba_radix.errors import InvalidArgument
-from mamba_radix.eviction import CheckpointOrder, EvictionIndex, VictimPolicy
-from mamba_radix.native import compiled_paths_enabled
-from mamba_radix.node import (
-    ROOT_ID,
-    TokenIds,
-    TreeNode,
-    as_token_ids,
-    child_key,
-    key_slice,
-    prefix_len_bytes,
-    prefix_len_in,
-)
+from mamba_radix.eviction import CheckpointOrder, VictimPolicy, make_index
+from mamba_radix.node import ROOT_ID, TokenIds, TreeNode, as_token_ids, child_key, key_slice
 from mamba_radix.state_stamp import fingerprint_extend
+from mamba_radix.walks import choose_walk
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig
+    from mamba_radix.walks import WalkKind
 
 __all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch"]
-
-# Tokens of the walk's scratch buffer (256 KiB, one per tree, reused: no allocation per walk). A key up
-# to this long is copied into it once per walk; a longer one is compared edge by edge (prefix_len_in).
-_SCRATCH_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -111,55 +96,6 @@ def _int64_buffer(ids: torch.Tensor | np.ndarray) -> np.ndarray | list[int]:
     if kind == "i" or (kind == "u" and size <= 4):
         return np.ascontiguousarray(arr, dtype=np.int64)
     return arr.tolist()
-
-
-# Whether a walk with page_size 1, no namespace and a key that fits the scratch buffer takes
-# _walk_in_scratch (a property test turns it off to check it against the general loop).
-_FAST_WALK = True
-
-try:  # the compiled page-1 loop: optional (setup.py builds it where a C compiler is found)
-    from mamba_radix._cwalk import walk_in_scratch as _c_walk_in_scratch
-except ImportError:  # not built (no compiler at install time) or built for another Python
-    _c_walk_in_scratch = None
-
-# Whether the page-1 loop runs compiled when the extension imported (False: always the pure-Python
-# _walk_in_scratch; tests set it to compare the two; MAMBA_RADIX_C=0 sets it at import, mamba_radix.native).
-_C_WALK = compiled_paths_enabled()
-
-
-def c_walk_active() -> bool:
-    """Whether the page-1 walk runs compiled now: the extension imported and :data:`_C_WALK` is on."""
-    return _C_WALK and _c_walk_in_scratch is not None
-
-
-def _walk_in_scratch(
-    scratch: bytearray, tokens: TokenIds, child: TreeNode, num_tokens: int, path: list[TreeNode]
-) -> tuple[list[TreeNode], int, int]:
-    """The walk's loop for the common case: page size 1, no namespace, the key's first ``num_tokens``
-    tokens already copied into ``scratch``; ``child`` is the first edge's node (its first token matched).
-    The same result as :meth:`RadixTree._walk_tokens`'s general loop (a property test checks it), with
-    one bound ``startswith`` (``memcmp``) per whole edge and no page or namespace arithmetic.
-    O(len(tokens) + path)."""
-    startswith = scratch.startswith
-    append = path.append
-    nbytes = num_tokens * 8
-    pos = 0
-    while True:
-        edge = child.key
-        end = pos + len(edge)
-        append(child)
-        if end > num_tokens or not startswith(edge, pos * 8, nbytes):
-            # the first mismatch is inside this edge (or the key ends there): always a partial match
-            return path, pos, prefix_len_bytes(edge, scratch, pos, num_tokens)
-        if end == num_tokens:
-            return path, end, 0
-        children = child.children
-        if not children:
-            return path, end, 0
-        child = children.get(tokens[end])  # type: ignore[assignment]
-        if child is None:
-            return path, end, 0
-        pos = end
 
 
 class Walk(NamedTuple):
@@ -259,10 +195,24 @@ class RadixTree:
     Sizes (kept exact on every 0<->1 lock transition, insert and delete; the root is excluded):
     ``full_evictable_size`` / ``full_protected_size`` in tokens of unlocked / locked nodes,
     ``mamba_evictable_size`` / ``mamba_protected_size`` in checkpoints without / with a mamba lock.
+
+    ``policy``: a research policy (:class:`~mamba_radix.eviction.VictimPolicy`), or None for the config's
+    own order. The fast paths, chosen here once (the defaults are the fast forms; the others are the
+    references the differential tests build): ``walk``, the walk loop (:func:`mamba_radix.walks.choose_walk`;
+    :attr:`walk_kind` says which runs); ``lazy_removal``, ``lazy_stamps`` and ``compact_min_dead``, the
+    eviction index's form (:func:`mamba_radix.eviction.make_index`).
     """
 
     def __init__(
-        self, config: CacheConfig, device: str | torch.device = "cpu", policy: VictimPolicy | None = None
+        self,
+        config: CacheConfig,
+        device: str | torch.device = "cpu",
+        policy: VictimPolicy | None = None,
+        *,
+        walk: WalkKind | None = None,
+        lazy_removal: bool = True,
+        lazy_stamps: bool = True,
+        compact_min_dead: int = COMPACT_MIN_DEAD,
     ) -> None:
         self.config = config
         self.page_size = config.page_size
@@ -276,9 +226,9 @@ class RadixTree:
         # the empty KV an insert that duplicates nothing hands back: one shared tensor, as nothing can
         # be written into zero elements (torch.empty costs ~2 us a call)
         self._no_kv = _empty_kv(self.device)
-        # the walk's scratch buffer: a walk copies its key's int64 bytes here (so a tree is not safe to
-        # walk from two threads at once; nothing in it is)
-        self._scratch = bytearray(_SCRATCH_TOKENS * 8)
+        # the walk loop: (tokens, extra_key, start, num_tokens) -> (path, pos, partial); it owns a scratch
+        # buffer, so a tree is not safe to walk from two threads at once (nothing in it is)
+        self.walk_kind, self._walk = choose_walk(self.page_size, walk)
         # A research policy (mamba_radix.policy.CachePolicy and subclasses), or None for the config's
         # own order. What the tree uses of it is taken here, once: its keys, its victim pickers, and
         # whether it needs prefix fingerprints.
@@ -286,25 +236,28 @@ class RadixTree:
         if policy is not None:
             policy.bind(self)
         self._prefix_fps = policy is not None and policy.needs_prefix_fingerprints
-        # the config's keys (no research policy's): _touch_path re-keys only leaves, and the index calls
-        # the order's key functions directly (a policy's methods would only forward to them)
-        self._base_policy_keys = policy is None or policy.uses_config_keys()
-        self.index = EvictionIndex(
-            CheckpointOrder.from_config(config), keys=None if self._base_policy_keys else policy
+        # the config's own keys (no research policy's): the index calls the order's key functions directly
+        # (a policy's methods would only forward to them), and may stamp lazily
+        self.index = make_index(
+            CheckpointOrder.from_config(config),
+            None if policy is None or policy.uses_config_keys() else policy,
+            lazy_removal=lazy_removal,
+            lazy_stamps=lazy_stamps,
+            compact_min_dead=compact_min_dead,
         )
-        self._pick_full_victim = EvictionIndex.first_full if policy is None else policy.pick_full_victim
-        self._pick_mamba_victim = EvictionIndex.first_mamba if policy is None else policy.pick_mamba_victim
-        # a touch only stamps: the index re-keys a stale entry when it reaches the front (EvictionIndex)
-        self._lazy_stamps = self.index.lazy_stamps
+        index = self.index
+        self._next_full_victim = (
+            index.first_full if policy is None else functools.partial(policy.pick_full_victim, index)
+        )
+        self._next_mamba_victim = (
+            index.first_mamba if policy is None else functools.partial(policy.pick_mamba_victim, index)
+        )
         self.full_evictable_size = 0
         self.full_protected_size = 0
         self.mamba_evictable_size = 0
         self.mamba_protected_size = 0
         self.num_nodes = 1
         self.version = 0  # bumped by every structural change (nodes, edges, checkpoints): a Walk's validity
-        # the last _walk's arguments and result, reused by the next _walk of the very same tokens object
-        # while version is unchanged (the cache's pre-insert check walks the key, then insert walks it)
-        self._last_walk: tuple[object, ...] | None = None
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
 
@@ -361,100 +314,6 @@ class RadixTree:
             yield node
             stack.extend(node.children.values())
 
-    def _walk(
-        self,
-        tokens: TokenIds,
-        extra_key: str | None,
-        start: TreeNode | None = None,
-        limit: int | None = None,
-    ) -> tuple[list[TreeNode], int, int]:
-        """Read-only walk from ``start`` (the root by default) along ``tokens[:limit]``, which continue
-        ``start``'s prefix: (fully matched nodes top-down, tokens they cover, tokens matched into the next
-        node's edge, 0 if none). The match length is rounded down to whole pages. ``tokens``: an int64
-        array (a key's ``token_ids``; another int sequence is converted first). Edges are compared with
-        ``memcmp`` (:func:`~mamba_radix.node.prefix_len_in`).
-
-        The last walk is remembered: a walk of the very same int64 array object (identity, not
-        equality: a key's ``token_ids``, which nothing mutates), namespace, start and limit while
-        :attr:`version` is unchanged returns a copy of its result in O(path) (the cache checks an insert's
-        KV against a walk, then the insert walks the same key). O(len(tokens)) otherwise."""
-        node = start if start is not None else self.root
-        last = self._last_walk
-        if (
-            last is not None
-            and last[0] is tokens
-            and last[4] == self.version
-            and last[2] is node
-            and last[1] == extra_key
-            and last[3] == limit
-        ):
-            return list(last[5]), last[6], last[7]  # type: ignore[arg-type, return-value]
-        if not (isinstance(tokens, array) and tokens.typecode == "q"):
-            return self._walk_tokens(as_token_ids(tokens), extra_key, node, limit)
-        path, pos, partial = self._walk_tokens(tokens, extra_key, node, limit)
-        self._last_walk = (tokens, extra_key, node, limit, self.version, tuple(path), pos, partial)
-        return path, pos, partial
-
-    def _walk_tokens(
-        self, tokens: TokenIds, extra_key: str | None, node: TreeNode, limit: int | None
-    ) -> tuple[list[TreeNode], int, int]:
-        """:meth:`_walk` without the memo, on an int64 array. O(len(tokens))."""
-        page = self.page_size
-        num_tokens = len(tokens) if limit is None else min(limit, len(tokens))
-        path: list[TreeNode] = []
-        if num_tokens == 0 or not node.children:
-            return path, 0, 0
-        fast = page == 1 and extra_key is None  # child_key is then the first token (no call)
-        child = node.children.get(tokens[0] if fast else child_key(tokens, 0, page, extra_key))
-        if child is None:  # a miss at the first edge: no bytes needed
-            return path, 0, 0
-        if fast and _FAST_WALK and _C_WALK and _c_walk_in_scratch is not None:
-            # The compiled loop compares the edges in the key's own buffer (which holds its first
-            # num_tokens tokens, all the loop asks of its scratch argument): no copy, any key length.
-            try:
-                return _c_walk_in_scratch(tokens, tokens, child, num_tokens, path)
-            except TypeError:  # outside the C loop's contract (path left as it was): the Python loops
-                pass
-        view = memoryview(tokens)[:num_tokens]
-        # A key that fits the scratch buffer is copied into it once (no allocation) and every edge is
-        # compared there in place; a longer one edge by edge (prefix_len_in: numpy in place on long edges)
-        scratch = self._scratch
-        nbytes = num_tokens * 8
-        if nbytes <= len(scratch):
-            memoryview(scratch)[:nbytes] = view.cast("B")
-            if fast and _FAST_WALK:
-                return _walk_in_scratch(scratch, tokens, child, num_tokens, path)
-            haystack: bytearray | None = scratch
-        else:
-            haystack = None
-        # the general loop: any page size, namespace and key length (and the reference for the one above)
-        pos = 0
-        while True:
-            edge = child.key
-            n = len(edge)
-            # the common case inline: the whole edge matches (one memcmp, no call); else find where not
-            if haystack is None or pos + n > num_tokens or not haystack.startswith(edge, pos * 8, nbytes):
-                n = (
-                    prefix_len_in(edge, view, pos, scratch)
-                    if haystack is None
-                    else prefix_len_bytes(edge, haystack, pos, num_tokens)
-                )
-                if page > 1:
-                    n -= n % page
-                path.append(child)
-                if n < len(edge):
-                    return path, pos, n
-            else:
-                path.append(child)
-            pos += n
-            if pos >= num_tokens or not child.children:
-                return path, pos, 0
-            # the next edge's child key, as child_key makes it (a page's bytes: a short tail never matches)
-            first = tokens[pos] if page == 1 else view[pos : pos + page].tobytes()
-            child = child.children.get(first if extra_key is None else (extra_key, first))
-            if child is None:
-                return path, pos, 0
-
     def _split(self, child: TreeNode, num_tokens: int, now: int) -> TreeNode:
         """Split ``child``'s edge after ``num_tokens`` tokens; return the new parent (the first part).
 
@@ -475,89 +334,22 @@ class RadixTree:
         child.key = rest
         child.value = value[num_tokens:]
         child.parent = new
-        page = self.page_size
-        if page == 1 and extra_key is None:  # child_key's value, without the call
-            parent.children[head[0]] = new  # the slot the child hung from: the same first token
-            new.children[rest[0]] = child
-        else:
-            parent.children[child_key(head, 0, page, extra_key)] = new
-            new.children[child_key(rest, 0, page, extra_key)] = child
-        new.last_access = now
-        child.last_access = now
-        # The new node is an internal tombstone: a candidate in neither set, whatever the policy, so it
-        # needs no index update. The child keeps its membership; with the base policy only a leaf's key
-        # reads last_access (the only field that changed), so an internal child needs none either.
-        if not self._base_policy_keys:
-            self.index.update(child)
-        elif not child.children and not self._lazy_stamps:
-            self.index.update_full_stamp(child)
+        parent.children[self._child_key(head, 0, extra_key)] = new  # the slot the child hung from
+        new.children[self._child_key(rest, 0, extra_key)] = child
+        # The new node is an internal tombstone, a candidate in neither set; the child keeps its
+        # membership, and only its stamp moved.
+        self.index.touch((new, child), now)
         return new
 
-    def _touch_path(self, path: list[TreeNode], now: int) -> None:
-        """Stamp the full recency of ``path``'s nodes. With the base policy only a leaf's candidate key
-        reads ``last_access`` (an internal node is never a full-KV candidate, and its checkpoint key reads
-        ``mamba_last_access``), so only leaves are re-keyed: the other updates would change nothing.
-        A research policy's keys may read anything: every stamped node is re-keyed. O(path * log n); with
-        the index's lazy stamps nothing is re-keyed here: O(path)."""
-        if self._lazy_stamps:
-            for node in path:
-                node.last_access = now
-            return
-        if self._base_policy_keys:
-            for node in path:
-                if node.last_access != now:
-                    node.last_access = now
-                    if not node.children:  # only the full key reads the stamp, and only a leaf has one
-                        self.index.update_full_stamp(node)
-            return
-        for node in path:
-            if node.last_access != now:
-                node.last_access = now
-                self.index.update(node)
-
-    def _touch_mamba(self, node: TreeNode, now: int) -> None:
-        """Stamp the checkpoint recency of ``node`` (if it holds one) and re-key it: with the base policy
-        only its checkpoint key reads the stamp. O(log n); O(1) with the index's lazy stamps."""
-        if node.mamba_slot is not None and node.mamba_last_access != now:
-            node.mamba_last_access = now
-            if self._lazy_stamps:
-                return
-            if self._base_policy_keys:
-                self.index.update_mamba_stamp(node)
-            else:
-                self.index.update(node)
-
     # -------------------------------------------------------------------------------------------- match
-    def walk(self, key: RadixKey) -> Walk:
-        """The read-only walk :meth:`match` starts with (whole pages only). O(len(key)).
-
-        On the common case (page size 1, no namespace, the compiled loop on) it calls the loop itself,
-        without :meth:`_walk`'s memo and frames: the admission check's walk, half of whose ~13 µs with cold
-        CPU caches were those frames. The general path is the reference
-        (``property_tests/test_tree_walk_c.py`` runs whole trees both ways)."""
+    def walk(self, key: RadixKey, start: TreeNode | None = None) -> Walk:
+        """The read-only walk of ``key`` (whole pages only) from ``start``, the root by default, along which
+        :meth:`match` and :meth:`insert` go; ``key`` continues ``start``'s prefix in its namespace. The
+        loop is the one chosen at construction (:mod:`mamba_radix.walks`). O(len(key) + path)."""
         tokens = key.token_ids
-        if (
-            self.page_size == 1
-            and key.extra_key is None
-            and _C_WALK
-            and _FAST_WALK
-            and _c_walk_in_scratch is not None
-            and type(tokens) is TokenIds
-        ):
-            path: list[TreeNode] = []
-            child = self.root.children.get(tokens[0]) if tokens else None
-            # tuple.__new__: a NamedTuple's own __new__ is a Python frame
-            if child is None:
-                return tuple.__new__(Walk, (key, path, 0, 0, self.version))
-            try:
-                found = _c_walk_in_scratch(tokens, tokens, child, len(tokens), path)
-                return tuple.__new__(Walk, (key, *found, self.version))
-            except TypeError:  # outside the loop's contract (path left as it was): the general path
-                pass
-        path, pos, partial = self._walk(
-            tokens, key.extra_key, None, len(tokens) - len(tokens) % self.page_size
-        )
-        return Walk(key, path, pos, partial, self.version)
+        num_tokens = len(tokens) - len(tokens) % self.page_size
+        found = self._walk(tokens, key.extra_key, self.root if start is None else start, num_tokens)
+        return tuple.__new__(Walk, (key, *found, self.version))  # a NamedTuple's __new__ is a Python frame
 
     def match(self, key: RadixKey, walk: Walk | None = None) -> TreeMatch:
         """Longest cached prefix of ``key`` that ends at a checkpoint.
@@ -577,7 +369,7 @@ class RadixTree:
             path = path.copy()
             path[-1] = self._split(path[-1], partial, now)
             pos += partial
-        self._touch_path(path, now)
+        self.index.touch(path, now)
         best_idx = len(path) - 1
         while best_idx >= 0 and path[best_idx].mamba_slot is None:
             best_idx -= 1
@@ -586,9 +378,9 @@ class RadixTree:
         best = path[best_idx]
         if self.config.mamba_lru_refresh == "path":
             for node in path[: best_idx + 1]:
-                self._touch_mamba(node, now)
+                self.index.touch_mamba(node, now)
         else:
-            self._touch_mamba(best, now)
+            self.index.touch_mamba(best, now)
         # the KV stays in the nodes' chunks until the caller asks for one tensor (or writes them out)
         return TreeMatch(tuple([node.value for node in path[: best_idx + 1]]), best, best.depth, pos)
 
@@ -637,8 +429,9 @@ class RadixTree:
         tokens = key.token_ids
         num_tokens = len(tokens)
         self._check_insert_args(num_tokens, value, mamba_slot, prev_prefix_len)
-        extra_key = key.extra_key if start is self.root else start.extra_key
-        path, pos, partial = self._walk(tokens, extra_key, start)  # read-only: a refusal changes nothing
+        # read-only, so a refusal changes nothing; key.extra_key is start's namespace (insert_below checked)
+        walk = self.walk(key, start)
+        path, pos, partial = walk.path, walk.pos, walk.partial
         if pos + partial < prev_prefix_len:
             raise InvalidArgument(
                 f"prev_prefix_len={prev_prefix_len} but the tree holds only {pos + partial} tokens of this "
@@ -652,7 +445,7 @@ class RadixTree:
             pos += partial
         if start is not self.root:  # the prefix above is part of this insert's path
             path = [*reversed(list(self.path_to_root(start))), *path]
-        self._touch_path(path, now)
+        self.index.touch(path, now)
         # The caller's KV at [prev_prefix_len, pos) duplicates the tree's: hand it back for freeing.
         if pos > prev_prefix_len:
             duplicate_kv = value[prev_prefix_len:pos]
@@ -660,19 +453,19 @@ class RadixTree:
             duplicate_kv = self._no_kv if value.device == self.device else _empty_kv(value.device)
         if self.config.mamba_lru_refresh == "path":
             for node in path:
-                self._touch_mamba(node, now)
+                self.index.touch_mamba(node, now)
         end = path[-1] if path else self.root
         if pos < num_tokens:
             leaf_key = key_slice(tokens, pos, num_tokens)
             leaf_kv = value.clone() if pos == 0 else value[pos:].clone()  # a torch slice costs ~2 us
-            end = self._add_leaf(end, leaf_key, leaf_kv, mamba_slot, extra_key, now)
+            end = self._add_leaf(end, leaf_key, leaf_kv, mamba_slot, key.extra_key, now)
             return TreeInsert(
                 start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end), leaf_kv
             )
         if end.mamba_slot is None:
             self._set_checkpoint(end, mamba_slot, now)
         else:
-            self._touch_mamba(end, now)
+            self.index.touch_mamba(end, now)
             return TreeInsert(start.depth + pos, True, end, duplicate_kv, [])
         return TreeInsert(start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end))
 
@@ -887,7 +680,7 @@ class RadixTree:
         freed = Freed()
         now = self.clock
         while freed.num_tokens < num_tokens:
-            leaf = self._pick_full_victim(self.index)
+            leaf = self._next_full_victim()
             if leaf is None:
                 break
             if leaf.mamba_slot is not None:  # a KV-only leaf is never the end of a hit: its loss is free
@@ -895,7 +688,7 @@ class RadixTree:
                 freed.kv_victims += 1
             self._remove_leaf(leaf, freed)
         while freed.num_states < num_states:
-            node = self._pick_mamba_victim(self.index)
+            node = self._next_mamba_victim()
             if node is None:
                 break
             freed.state_victim_age += now - node.mamba_last_access

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mamba_radix import CacheConfig, InvalidArgument, RadixKey
 from mamba_radix import node as node_mod
-from mamba_radix import tree as tree_mod
+from mamba_radix import walks as walks_mod
 from mamba_radix.invariants import check_tree_invariants
 from mamba_radix.node import (
     TokenIds,
@@ -48,7 +48,7 @@ def tiny_thresholds() -> Iterator[None]:
         patch.setattr(node_mod, "_NUMPY_MIN_TOKENS", 7)
         patch.setattr(node_mod, "_NUMPY_CHUNK_TOKENS", 4)
         patch.setattr(node_mod, "_LINEAR_TOKENS", 2)
-        patch.setattr(tree_mod, "_SCRATCH_TOKENS", 2)
+        patch.setattr(walks_mod, "SCRATCH_TOKENS", 2)
         patch.setattr(node_mod, "_SLICE_COPY_TOKENS", 2)
         yield
 

@@ -1,16 +1,16 @@
 """The compiled page-1 walk (``mamba_radix._cwalk``, issue 12: a compiled core keeps the pure-Python path
-as the reference and a test checks the two agree) against the Python ``_walk_in_scratch``.
+as the reference and a test checks the two agree) against the Python ``walks.walk_in_scratch``.
 
 - the two functions side by side on random raw trees and keys: mismatches inside an edge, keys ending
   mid-edge or exactly at an edge's end, empty children, empty and long edges, keys longer than every edge,
   limits below the key's length, tokens at the int64 bounds, any start node;
 - the same on node types the C loop does not read through slot offsets (plain attributes, a property
   added to a slotted class after a first walk): the attribute protocol;
-- its refusals (TypeError, the caller's list unchanged) and the tree's fallback to the Python loop;
+- its refusals (TypeError, the caller's list unchanged) and the compiled walk's fallback to the Python loop;
 - references and buffers: nothing leaked, every buffer released;
 - whole trees: sequences of insert, match and evict give identical results and trees with the compiled
-  loop on and off, keys longer than the scratch buffer included (the compiled loop walks them in the
-  key's own buffer, the Python side takes the general loop).
+  walk and the scratch walk (``RadixTree(walk=...)``), keys longer than the scratch buffer included (the
+  compiled loop walks them in the key's own buffer, the Python side takes the general loop).
 
 Skipped when the extension was not built (no C compiler at install time): the Python loop is then the
 only one, and the other walk tests cover it.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from array import array
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pytest
@@ -30,10 +29,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mamba_radix import CacheConfig, RadixKey
-from mamba_radix import tree as tree_mod
+from mamba_radix import walks as walks_mod
 from mamba_radix.errors import InvalidArgument
+from mamba_radix.native import compiled_paths_enabled
 from mamba_radix.node import TokenIds, TreeNode, as_token_ids
-from mamba_radix.tree import RadixTree, _walk_in_scratch
+from mamba_radix.tree import RadixTree
+from mamba_radix.walks import choose_walk, walk_in_scratch
 
 cwalk = pytest.importorskip("mamba_radix._cwalk", reason="the compiled walk was not built (no C compiler)")
 c_walk = cwalk.walk_in_scratch
@@ -54,13 +55,6 @@ long_edge_st = st.builds(
 edge_st = st.integers(0, 19).flatmap(
     lambda roll: st.just([]) if roll == 0 else long_edge_st if roll <= 5 else short_edge_st
 )
-
-
-@contextlib.contextmanager
-def c_walk_on(on: bool) -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tree_mod, "_C_WALK", on)
-        yield
 
 
 def _node(node_id: int, edge: list[int], cls: type = TreeNode) -> Any:
@@ -136,7 +130,7 @@ def _both(
     out = []
     for walk, haystack in (
         (c_walk, _scratch(tokens, num_tokens, spare)),
-        (_walk_in_scratch, _scratch(tokens, num_tokens, spare)),
+        (walk_in_scratch, _scratch(tokens, num_tokens, spare)),
         (c_walk, tokens),
     ):
         path = list(prefix or [])
@@ -284,26 +278,32 @@ class CountingDict(dict):
         return super().get(key, default)
 
 
-def test_the_tree_falls_back_to_the_python_walk_on_a_refusal() -> None:
-    tree = RadixTree(CacheConfig(mamba_radix_cache_strategy="no_buffer"))
+def test_the_compiled_walk_falls_back_to_the_python_walk_on_a_refusal() -> None:
+    tree = RadixTree(CacheConfig(mamba_radix_cache_strategy="no_buffer"), walk="compiled")
     tree.insert(RadixKey([1, 2, 3]), torch.arange(3), 1)
     tree.insert(RadixKey([1, 2, 3, 4, 5]), torch.arange(5), 2)
     node = tree.root.children[1]
     node.children = CountingDict(node.children)
-    tokens = RadixKey([1, 2, 3, 4, 5, 6]).token_ids
+    key = RadixKey([1, 2, 3, 4, 5, 6])
     CountingDict.gets = 0
-    with c_walk_on(True):
-        on = tree._walk_tokens(tokens, None, tree.root, None)
+    on = tree.walk(key)
     assert CountingDict.gets == 1  # the Python loop ran
-    with c_walk_on(False):
-        off = tree._walk_tokens(tokens, None, tree.root, None)
-    assert on == off and [n.id for n in on[0]] == [node.id, node.children[4].id] and on[1:] == (5, 0)
+    off = choose_walk(1, "scratch")[1](key.token_ids, None, tree.root, len(key))
+    assert (on.path, on.pos, on.partial) == off
+    assert [n.id for n in on.path] == [node.id, node.children[4].id] and (on.pos, on.partial) == (5, 0)
 
 
-def test_the_switch_selects_the_loop() -> None:
-    assert tree_mod.c_walk_active()
-    with c_walk_on(False):
-        assert not tree_mod.c_walk_active()
+def test_the_walk_is_chosen_once_per_tree() -> None:
+    """The compiled walk where it was built and not switched off, the scratch walk otherwise; page sizes
+    above 1 always take the general loop; an explicit kind wins."""
+    config = CacheConfig(mamba_radix_cache_strategy="no_buffer")
+    assert RadixTree(config).walk_kind == walks_mod.default_walk_kind()
+    assert walks_mod.default_walk_kind() == ("compiled" if compiled_paths_enabled() else "scratch")
+    for kind in walks_mod.WALK_KINDS:
+        assert RadixTree(config, walk=kind).walk_kind == kind
+        assert RadixTree(CacheConfig(page_size=4), walk=kind).walk_kind == "general"
+    with pytest.raises(InvalidArgument, match="walk must be one of"):
+        RadixTree(config, walk="fast")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------- whole trees
@@ -335,33 +335,33 @@ def _snapshot(tree: RadixTree) -> list[tuple[object, ...]]:
 def _run(
     ops: list[tuple[Any, ...]], c_on: bool, scratch_tokens: int | None
 ) -> tuple[list[object], list[tuple[object, ...]]]:
-    """Apply ``ops`` to a fresh tree with the compiled loop on or off: what each returned, and the tree.
-    ``scratch_tokens``: a smaller scratch buffer, so that longer keys take the long-key path (the
+    """Apply ``ops`` to a fresh tree with the compiled walk or the scratch walk: what each returned, and
+    the tree. ``scratch_tokens``: a smaller scratch buffer, so that longer keys take the long-key path (the
     general loop when the compiled one is off)."""
     out: list[object] = []
-    with c_walk_on(c_on):
-        tree = RadixTree(CacheConfig(mamba_radix_cache_strategy="no_buffer"))
+    with pytest.MonkeyPatch.context() as patch:
         if scratch_tokens is not None:
-            tree._scratch = bytearray(8 * scratch_tokens)
-        slot = 1
-        for op in ops:
-            if op[0] == "insert":
-                kv = torch.tensor([100 * (i + 1) + t for i, t in enumerate(op[1])], dtype=torch.int64)
-                r = tree.insert(RadixKey(op[1]), kv, slot)
-                out.append((r.prefix_len, r.mamba_exists, r.node.id, r.duplicate_kv.tolist(), r.capped_slots))
-                slot += 1
-            elif op[0] == "match":
-                m = tree.match(RadixKey(op[1]))
-                out.append((m.best.id, m.hit_len, m.full_kv_hit_len, m.device_indices.tolist()))
-            elif op[0] == "walk":  # walk() calls the compiled loop itself on the common case
-                w = tree.walk(RadixKey(op[1]))
-                out.append(([n.id for n in w.path], w.pos, w.partial, w.version))
-            else:
-                freed = tree.evict(num_tokens=op[1], num_states=op[2])
-                out.append(
-                    ([kv.tolist() for kv in freed.kv], freed.slots, freed.num_tokens, freed.num_states)
-                )
-        return out, _snapshot(tree)
+            patch.setattr(walks_mod, "SCRATCH_TOKENS", scratch_tokens)  # read when the walk is built
+        tree = RadixTree(
+            CacheConfig(mamba_radix_cache_strategy="no_buffer"), walk="compiled" if c_on else "scratch"
+        )
+    slot = 1
+    for op in ops:
+        if op[0] == "insert":
+            kv = torch.tensor([100 * (i + 1) + t for i, t in enumerate(op[1])], dtype=torch.int64)
+            r = tree.insert(RadixKey(op[1]), kv, slot)
+            out.append((r.prefix_len, r.mamba_exists, r.node.id, r.duplicate_kv.tolist(), r.capped_slots))
+            slot += 1
+        elif op[0] == "match":
+            m = tree.match(RadixKey(op[1]))
+            out.append((m.best.id, m.hit_len, m.full_kv_hit_len, m.device_indices.tolist()))
+        elif op[0] == "walk":
+            w = tree.walk(RadixKey(op[1]))
+            out.append(([n.id for n in w.path], w.pos, w.partial, w.version))
+        else:
+            freed = tree.evict(num_tokens=op[1], num_states=op[2])
+            out.append(([kv.tolist() for kv in freed.kv], freed.slots, freed.num_tokens, freed.num_states))
+    return out, _snapshot(tree)
 
 
 @given(ops=st.lists(op_st, min_size=1, max_size=25), scratch_tokens=st.none() | st.integers(1, 12))
@@ -376,18 +376,13 @@ def test_whole_tree_operations_are_the_same_with_the_c_walk_on_and_off(
     [
         ({}, True),
         ({"MAMBA_RADIX_C": "0"}, False),
-        ({"MAMBA_RADIX_C": "1", "MAMBA_RADIX_C_WALK": "0"}, True),  # the new name wins
-        ({"MAMBA_RADIX_C_WALK": "0"}, False),  # the old name, alone, still switches both off
+        ({"MAMBA_RADIX_C": "1"}, True),
     ],
 )
 def test_one_switch_for_the_compiled_paths(environ: dict[str, str], enabled: bool) -> None:
-    from mamba_radix.native import compiled_paths_enabled
-
     assert compiled_paths_enabled(environ) is enabled
 
 
 def test_a_bad_switch_value_is_refused() -> None:
-    from mamba_radix.native import compiled_paths_enabled
-
     with pytest.raises(InvalidArgument, match="MAMBA_RADIX_C='yes' is not a switch"):
         compiled_paths_enabled({"MAMBA_RADIX_C": "yes"})

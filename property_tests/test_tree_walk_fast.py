@@ -1,32 +1,22 @@
 """The tree walk's fast paths against their references (issue 12: a fast core keeps a pure-Python reference
-and a test that the two agree): the page-1 loop (``_walk_in_scratch``) against the general loop, the memo
-of the last walk against a fresh walk, and splits whose value halves are views against a plain model."""
+and a test that the two agree): the scratch walk (``walks.ScratchWalk``, the page-1 loop) against the
+general loop, every walk against a plain Python walk, and splits whose value halves are views against a
+plain model."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mamba_radix import CacheConfig, RadixKey
-from mamba_radix import tree as tree_mod
 from mamba_radix.invariants import check_tree_invariants
 from mamba_radix.node import TreeNode
-from mamba_radix.tree import RadixTree
+from mamba_radix.tree import RadixTree, Walk
+from mamba_radix.walks import WALK_KINDS, choose_walk
 
 keys_st = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=20), min_size=1, max_size=10)
 queries_st = st.lists(st.lists(st.integers(0, 2), max_size=24), min_size=1, max_size=6)
-
-
-@contextlib.contextmanager
-def fast_walk(on: bool) -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tree_mod, "_FAST_WALK", on)
-        yield
 
 
 def _tree(keys: list[list[int]], matches: list[list[int]]) -> RadixTree:
@@ -43,8 +33,9 @@ def _tree(keys: list[list[int]], matches: list[list[int]]) -> RadixTree:
     return tree
 
 
-def _ids(result: tuple[list[TreeNode], int, int]) -> tuple[list[int], int, int]:
-    path, pos, partial = result
+def _ids(result: Walk | tuple[list[TreeNode], int, int]) -> tuple[list[int], int, int]:
+    """A walk (a :class:`Walk`, or a walk function's result) with node ids for nodes."""
+    path, pos, partial = (result.path, result.pos, result.partial) if isinstance(result, Walk) else result
     return [node.id for node in path], pos, partial
 
 
@@ -55,15 +46,13 @@ def test_fast_walk_equals_the_general_loop(
     """From the root and from every node, with and without a limit: the same path, position and partial
     length from the page-1 loop as from the general loop."""
     tree = _tree(keys, matches)
+    scratch_walk, general_walk = choose_walk(1, "scratch")[1], choose_walk(1, "general")[1]
     for query in queries:
         tokens = RadixKey(query).token_ids
-        for start in tree.nodes():
-            rest = tokens  # any continuation: the walk compares from the start node's children on
-            with fast_walk(True):
-                fast = _ids(tree._walk_tokens(rest, None, start, limit))
-            with fast_walk(False):
-                general = _ids(tree._walk_tokens(rest, None, start, limit))
-            assert fast == general
+        num_tokens = len(tokens) if limit is None else min(limit, len(tokens))
+        for start in tree.nodes():  # any continuation: the walk compares from the start node's children on
+            fast = _ids(scratch_walk(tokens, None, start, num_tokens))
+            assert fast == _ids(general_walk(tokens, None, start, num_tokens))
 
 
 def _walk_reference(tree: RadixTree, query: list[int]) -> tuple[list[int], int, int]:
@@ -89,38 +78,42 @@ def _walk_reference(tree: RadixTree, query: list[int]) -> tuple[list[int], int, 
 def test_walk_equals_a_plain_python_walk(
     keys: list[list[int]], matches: list[list[int]], queries: list[list[int]]
 ) -> None:
+    """Every walk a tree can take (compiled where built, scratch, general) against the plain walk."""
     tree = _tree(keys, matches)
+    kinds = [kind for kind in WALK_KINDS if kind != "compiled" or tree.walk_kind == "compiled"]
     for query in queries:
         key = RadixKey(query)
-        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        assert _ids(tree.walk(key)) == _walk_reference(tree, query)
+        for kind in kinds:
+            walk = choose_walk(1, kind)[1]
+            assert _ids(walk(key.token_ids, None, tree.root, len(query))) == _walk_reference(tree, query)
 
 
 @given(keys=keys_st, queries=queries_st, later=st.lists(st.integers(0, 2), min_size=1, max_size=20))
-def test_the_walk_memo_never_returns_a_stale_walk(
+def test_a_repeated_walk_is_never_stale(
     keys: list[list[int]], queries: list[list[int]], later: list[int]
 ) -> None:
-    """A repeated walk of one key object is served by the memo only while the tree is unchanged: after an
-    insert, a match (which may split) or an eviction it is walked again; a caller that changes the
-    returned path does not change the next answer."""
+    """A walk of one key object after an insert, a match (which may split) or an eviction sees the tree as
+    it is then; a caller that changes a returned path does not change the next answer."""
     tree = _tree(keys, [])
     slot = 10_000
     for query in queries:
         key = RadixKey(query)
-        first = tree._walk(key.token_ids, None)
-        again = tree._walk(key.token_ids, None)
+        first = tree.walk(key)
+        again = tree.walk(key)
         assert _ids(again) == _ids(first) == _walk_reference(tree, query)
-        again[0].append(tree.root)  # a caller's change to its copy
-        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        again.path.append(tree.root)  # a caller's change to its walk
+        assert _ids(tree.walk(key)) == _walk_reference(tree, query)
         kv = torch.arange(len(later), dtype=torch.int64) + 50_000
         tree.insert(RadixKey(later), kv, slot)
         slot += 1
-        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        assert _ids(tree.walk(key)) == _walk_reference(tree, query)
         tree.match(RadixKey(later[: len(later) // 2 + 1]))
-        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
+        assert _ids(tree.walk(key)) == _walk_reference(tree, query)
         tree.evict(num_tokens=3)
-        assert _ids(tree._walk(key.token_ids, None)) == _walk_reference(tree, query)
-        # another key object with equal tokens is walked afresh, and agrees
-        assert _ids(tree._walk(RadixKey(query).token_ids, None)) == _walk_reference(tree, query)
+        assert _ids(tree.walk(key)) == _walk_reference(tree, query)
+        # another key object with equal tokens agrees
+        assert _ids(tree.walk(RadixKey(query))) == _walk_reference(tree, query)
 
 
 @given(keys=keys_st, matches=queries_st)
