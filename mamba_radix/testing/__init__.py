@@ -9,7 +9,9 @@
 - :mod:`~mamba_radix.testing.faults`: allocation failures injected into live pools;
 - :mod:`~mamba_radix.testing.known`: documented engine failures, counted (:class:`KnownFailure`);
 - :mod:`~mamba_radix.testing.sequences`: token sequences that share prefixes;
-- :mod:`~mamba_radix.testing.machine`: :class:`CacheMachine` and :func:`make_machine`;
+- :mod:`~mamba_radix.testing.machine`: :class:`CacheMachine`, :class:`LifecycleMachine` (an adapter with the
+  ``lifecycle_steps`` capability: the paged lifecycle step by step, misuse and refusals included) and
+  :func:`make_machine`;
 - :mod:`~mamba_radix.testing.scenarios`: regression scenarios from public bug reports, for any adapter;
 - :mod:`~mamba_radix.testing.profiles`: the ``ci`` / ``dev`` / ``thorough`` Hypothesis profiles;
 - :mod:`~mamba_radix.testing.radix_adapter`: the adapter for :class:`mamba_radix.cache.MambaRadixCache`;
@@ -30,6 +32,7 @@ from mamba_radix.testing.adapter import (
     EvictOutcome,
     InsertOutcome,
     Key,
+    LifecycleAdapter,
     MatchOutcome,
     Offer,
     Ownership,
@@ -40,7 +43,7 @@ from mamba_radix.testing.adapter import (
 from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.faults import CapacityHold, FailNextAllocs
 from mamba_radix.testing.known import FailureLog, KnownFailure, KnownIssue
-from mamba_radix.testing.machine import CacheMachine, LockHandle, make_machine
+from mamba_radix.testing.machine import CacheMachine, LifecycleMachine, LockHandle, make_machine
 from mamba_radix.testing.oracle import ROOT_KEY, ExpectedMatch, OracleViolation, PrefixOracle
 from mamba_radix.testing.params import suite_params
 from mamba_radix.testing.profiles import load_profile, register_profiles
@@ -61,6 +64,8 @@ __all__ = [
     "Key",
     "KnownFailure",
     "KnownIssue",
+    "LifecycleAdapter",
+    "LifecycleMachine",
     "LockHandle",
     "MambaRadixAdapter",
     "MatchOutcome",
@@ -76,6 +81,7 @@ __all__ = [
     "SuiteViolation",
     "TreeSnapshot",
     "expected_stamp",
+    "lifecycle_params",
     "load_profile",
     "make_machine",
     "radix_params",
@@ -88,6 +94,7 @@ _LAZY = {
     "MambaRadixAdapter": "radix_adapter",
     "RadixSuiteParams": "radix_adapter",
     "radix_params": "radix_adapter",
+    "lifecycle_params": "radix_adapter",
     "SGLangAdapter": "sglang_adapter",
     "sglang_params": "sglang_adapter",
 }
