@@ -384,8 +384,11 @@ class SGLangSide:
 
 
 def instrument_ours(times: CallTimes, cache: MambaRadixCache) -> None:
-    """Time our cache's calls, and its tree's walk (the admission check walks; the match reuses it)."""
+    """Time our cache's calls, its lifecycle's SGLang-named hand-overs (commit and finish make them on the
+    lifecycle layer, not through the cache's forwarding methods), and its tree's walk (the admission check
+    walks; the match reuses it)."""
     times.instrument(cache, OUR_METHODS)
+    times.instrument(cache.lifecycle, ("cache_unfinished_req", "cache_finished_req"))
     times.instrument(cache.tree, ("walk",))
 
 
