@@ -27,17 +27,17 @@ the demand pass the oracle reads), and **ideal**, the longest previously seen pr
 (any cache's ceiling).
 
 Side effects: reads the traces, writes the results folder, starts ``processes`` worker processes
-(``fork``; ``spawn`` on macOS). Progress: one :class:`~mamba_radix.sim.progress.Progress` counted in
-requests across all runs (workers report every 20 finished requests through a queue).
+(:class:`~mamba_radix.sim.runner.Runner`, ``fork``: they inherit the loaded workloads; ``spawn`` on
+macOS). Progress: one :class:`~mamba_radix.sim.progress.Progress` counted in requests across all runs
+(the runner's progress channel).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import multiprocessing as mp
 import os
 import platform
-import queue
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -69,8 +69,6 @@ KIND = "policies"
 REGIMES = ("slots bind", "KV binds")
 BASE_PRESET = "sglang-0.5.23"
 SYNTHETIC_GENERATORS = ("chat", "system-prompt", "agent", "tree")
-# how often a worker reports a run's finished requests (each report is one queue put)
-REPORT_EVERY_REQUESTS = 20
 # relative CPU cost of a policy's run (pre-passes included), measured on the first 2,000 conversation
 # requests: used only to start the longest runs first so that no worker idles at the end
 _COST = {"oracle": 3.0, "marconi": 2.0, "sift": 1.5}
@@ -443,30 +441,13 @@ class Task:
 
 
 # ------------------------------------------------------------------------------------------ workers
-_QUEUE: Any = None
-
-
-def _init_worker(progress_queue: Any) -> None:
-    import torch
-
-    global _QUEUE
-    _QUEUE = progress_queue
-    torch.set_num_threads(1)  # tiny tensors: threads only add contention between the workers
-
-
-def _queue_reporter(run_id: str) -> Callable[[int], None]:
-    def report(finished: int) -> None:
-        if _QUEUE is not None and finished % REPORT_EVERY_REQUESTS == 0:
-            _QUEUE.put((run_id, finished))
-
-    return report
-
-
-def _run_demands(workload: Workload, model: str) -> tuple[str, list[int]]:
-    """The infinite-capacity hits of every request (:func:`demand_hits`)."""
+def _run_demands(workload: Workload, progress: Callable[[int], None] | None, model: str) -> list[int]:
+    """The infinite-capacity hits of every request (:func:`demand_hits`); no progress (the demand pass
+    counts as one run, done when it returns)."""
     from mamba_radix.policies.future import demand_hits
 
-    return workload.name, demand_hits(base_config(), load_requests(workload), model)
+    del progress
+    return demand_hits(base_config(), load_requests(workload), model)
 
 
 def _run_task(task: Task, on_finish: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -478,7 +459,7 @@ def _run_task(task: Task, on_finish: Callable[[int], None] | None = None) -> dic
     demands = {config: list(task.demands)} if task.demands is not None else {}
     ctx = PolicyContext(requests, task.pools, task.model, demands=demands)
     start, cpu = time.perf_counter(), time.process_time()
-    result = run_policy(task.policy, config, ctx, on_finish=on_finish or _queue_reporter(task.run_id))
+    result = run_policy(task.policy, config, ctx, on_finish=on_finish)
     pools = task.pools
     gib = 1 << 30
     return {
@@ -504,29 +485,6 @@ def _run_task(task: Task, on_finish: Callable[[int], None] | None = None) -> dic
         "wall_s": round(time.perf_counter() - start, 2),
         "cpu_s": round(time.process_time() - cpu, 2),
     }
-
-
-class _Inline:
-    """A stand-in for a process pool that runs each job at once in this process (``processes=1``)."""
-
-    class _Done:
-        def __init__(self, value: Any) -> None:
-            self.value = value
-
-        def ready(self) -> bool:
-            return True
-
-        def get(self) -> Any:
-            return self.value
-
-    def __init__(self, progress: Any) -> None:
-        self.progress = progress
-
-    def apply_async(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> _Inline._Done:
-        if fn is _run_task:
-            (task,) = args
-            return self._Done(fn(task, lambda n: self.progress.update(task.run_id, n)))
-        return self._Done(fn(*args))
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -571,12 +529,12 @@ def run_policy_experiment(
 
     Cost: one demand pass per workload plus one replay per (point, policy)."""
     from mamba_radix.sim.progress import Progress
+    from mamba_radix.sim.runner import Runner
 
     folder = Path(out)
     started = time.time()
     sizes, plan = plan_tasks(experiment)  # a workload that cannot load fails here, before any file exists
     folder.mkdir(parents=True, exist_ok=True)
-    by_name = {w.name: w for w in experiment.workloads}
     total_runs = len(experiment.workloads) + len(plan) * len(experiment.policies)
     total_requests = sum(sizes.values()) + sum(sizes[w.name] for w, *_ in plan) * len(experiment.policies)
     every = every_s if every_s is not None else float(os.environ.get("MAMBA_RADIX_PROGRESS_EVERY_S", "30"))
@@ -588,80 +546,53 @@ def run_policy_experiment(
         )
     rows: list[dict[str, Any]] = []
     infinite: dict[str, float] = {}
-    ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
-    progress_queue = ctx.Queue() if processes > 1 else None
-    with Progress(total_requests, total_runs, "experiment", quiet=quiet, every_s=every) as progress:
-        pool: Any = (
-            ctx.Pool(processes, initializer=_init_worker, initargs=(progress_queue,))
-            if processes > 1
-            else _Inline(progress)
+    # forked workers inherit the workloads plan_tasks loaded (spawned on macOS: they load them again)
+    start_method = "spawn" if sys.platform == "darwin" else "fork"
+    with (
+        Progress(total_requests, total_runs, "experiment", quiet=quiet, every_s=every) as progress,
+        Runner("local", processes, start_method=start_method, on_progress=progress.update) as runner,
+    ):  # an error or Ctrl-C leaves the runner first: it stops the workers now, not after their runs
+        hits = runner.run(
+            experiment.workloads,
+            functools.partial(_run_demands, model=experiment.model),
+            ids=[f"{w.name}/infinite" for w in experiment.workloads],
         )
-        try:
+        demands: dict[str, list[int]] = {}
+        for w, workload_hits in zip(experiment.workloads, hits, strict=True):
+            demands[w.name] = workload_hits
+            infinite[w.name] = sum(workload_hits) / max(1, sum(r.input_len for r in load_requests(w)))
+            progress.run_done(f"{w.name}/infinite", sizes[w.name])
+        tasks = [
+            Task(
+                f"{w.name}/{regime}/{i}/{p}",
+                w,
+                regime,
+                i,
+                p,
+                pools,
+                experiment.model,
+                tuple(demands[w.name]) if p == "oracle" else None,
+            )
+            for w, regime, i, pools in plan
+            for p in experiment.policies
+        ]
+        # longest first (tokens x the policy's relative cost): the last runs to finish are short ones
+        weight = {w.name: workload_tokens(load_requests(w)) for w in experiment.workloads}
+        with open(folder / "results.jsonl", "w", encoding="utf-8") as fh:
 
-            def drain() -> None:
-                while progress_queue is not None:
-                    try:
-                        run_id, finished = progress_queue.get_nowait()
-                    except queue.Empty:
-                        return
-                    progress.update(run_id, finished)
+            def done(task: Task, row: dict[str, Any]) -> None:
+                row["infinite_hit_rate"] = infinite[task.workload.name]
+                rows.append(row)
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                progress.run_done(task.run_id, sizes[task.workload.name])
 
-            demand_jobs = [
-                pool.apply_async(_run_demands, (w, experiment.model)) for w in experiment.workloads
-            ]
-            demands: dict[str, list[int]] = {}
-            while not all(j.ready() for j in demand_jobs):
-                drain()
-                time.sleep(0.1)
-            for job in demand_jobs:
-                name, hits = job.get()
-                demands[name] = hits
-                requests = load_requests(by_name[name])
-                infinite[name] = sum(hits) / max(1, sum(r.input_len for r in requests))
-                progress.run_done(f"{name}/infinite", sizes[name])
-            tasks = [
-                Task(
-                    f"{w.name}/{regime}/{i}/{p}",
-                    w,
-                    regime,
-                    i,
-                    p,
-                    pools,
-                    experiment.model,
-                    tuple(demands[w.name]) if p == "oracle" else None,
-                )
-                for w, regime, i, pools in plan
-                for p in experiment.policies
-            ]
-            # longest first (tokens x the policy's relative cost): the last runs to finish are short ones
-            weight = {w.name: workload_tokens(load_requests(w)) for w in experiment.workloads}
-            tasks.sort(key=lambda t: -weight[t.workload.name] * _COST.get(t.policy, 1.0))
-            pending = [(t, pool.apply_async(_run_task, (t,))) for t in tasks]
-            with open(folder / "results.jsonl", "w", encoding="utf-8") as fh:
-                while pending:
-                    drain()
-                    still = []
-                    for task, job in pending:
-                        if job.ready():
-                            row = job.get()
-                            row["infinite_hit_rate"] = infinite[task.workload.name]
-                            rows.append(row)
-                            fh.write(json.dumps(row) + "\n")
-                            fh.flush()
-                            progress.run_done(task.run_id, sizes[task.workload.name])
-                        else:
-                            still.append((task, job))
-                    pending = still
-                    if pending:
-                        time.sleep(0.2)
-        except BaseException:  # an error or Ctrl-C: stop the workers now, do not wait for their runs
-            if processes > 1:
-                pool.terminate()
-                pool.join()
-            raise
-        if processes > 1:
-            pool.close()
-            pool.join()
+            runner.run(
+                tasks,
+                _run_task,
+                first=lambda t: -weight[t.workload.name] * _COST.get(t.policy, 1.0),
+                on_result=done,
+            )
     rows.sort(key=row_order(experiment))
     with open(folder / "results.jsonl", "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)

@@ -6,9 +6,10 @@ config fields, the memory budget, the engine options. Each worker process stream
 nothing large crosses process boundaries; results come back as one dict per run (see
 :func:`mamba_radix.sim.metrics.result_record`) and are written to a new JSON-lines file as they finish.
 
-Backends: ``local`` (a pool of spawned processes on this machine, the default) and ``ray`` (each run a
-Ray task; :mod:`mamba_radix.sim.ray_backend`). Both stream records as runs finish and report progress in
-finished requests per run; the records are the same whatever the backend (only ``wall_s`` differs).
+Backends (:class:`mamba_radix.sim.runner.Runner` runs the specs): ``local`` (a pool of spawned processes on
+this machine, the default; this process when ``jobs`` is 1) and ``ray`` (each run a Ray task). Both stream
+records as runs finish and report progress in finished requests per run; the records are the same
+whatever the backend (only ``wall_s`` differs).
 """
 
 from __future__ import annotations
@@ -17,12 +18,8 @@ import functools
 import itertools
 import json
 import os
-import queue as queue_mod
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +52,6 @@ __all__ = [
     "open_results",
     "peer_config",
     "resolve_trace",
-    "run_in_worker",
     "run_one",
     "run_sweep",
     "spec_pools",
@@ -76,8 +72,6 @@ BUDGET_FIELDS = {
 }
 DEPLOYMENT_FIELDS = {"tp_size", "kv_cache_dtype", "mamba_ssm_dtype", "mamba_conv_dtype"}
 BACKENDS = ("local", "ray")
-# a worker reports a run's finished requests at most this often (seconds): progress without chatter
-PROGRESS_EVERY_S = 0.5
 
 
 class DefinitionError(ConfigError):
@@ -427,52 +421,12 @@ def _split_end(engine: Engine) -> dict[str, Any]:
     return {"split_end": {"kv_tokens": engine.split.kv_tokens, "state_slots": engine.split.state_slots}}
 
 
-# progress channel of a worker process: set by _worker_init (a queue the parent drains)
-_PROGRESS_QUEUE: Any = None
-
-
-def _worker_init(progress_queue: Any = None) -> None:
-    import torch
-
-    global _PROGRESS_QUEUE
-    _PROGRESS_QUEUE = progress_queue
-    torch.set_num_threads(1)  # the sweep's parallelism is across processes
-
-
-def _throttled(run_id: str, put: Callable[[tuple[str, int]], None]) -> Callable[[int], None]:
-    """A progress callback that forwards ``(run_id, finished)`` at most every PROGRESS_EVERY_S."""
-    last = [0.0]
-
-    def report(finished: int) -> None:
-        now = time.monotonic()
-        if now - last[0] >= PROGRESS_EVERY_S:
-            last[0] = now
-            put((run_id, finished))
-
-    return report
-
-
-def _run_safely(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """``run_one``, with a failure turned into a record with an ``error`` field (the sweep goes on).
+def _failure_record(spec: RunSpec, error: str) -> dict[str, Any]:
+    """The record of a run that failed (the sweep goes on): ``error`` is ``"ExceptionType: message"``.
 
     Only the library's own errors (bad configuration or trace) are expected; anything else is a bug and
     its record says so with the exception type."""
-    if progress is None and _PROGRESS_QUEUE is not None:
-        progress = _throttled(spec.run_id, _PROGRESS_QUEUE.put)
-    try:
-        return run_one(spec, progress=progress)
-    except Exception as exc:
-        return {"run_id": spec.run_id, "params": spec.params(), "error": f"{type(exc).__name__}: {exc}"}
-
-
-def run_in_worker(spec: RunSpec, put: Callable[[tuple[str, int]], None] | None = None) -> dict[str, Any]:
-    """One run in a worker of another backend (a Ray task: :mod:`mamba_radix.sim.ray_backend` is given
-    this function and calls it on the cluster): the local pool's worker set-up, then the guarded run (a
-    failure is a record with an ``error`` field). ``put((run_id, finished))`` gets progress at most every
-    PROGRESS_EVERY_S; None: no progress."""
-    _worker_init()
-    progress = None if put is None else _throttled(spec.run_id, put)
-    return _run_safely(spec, progress)
+    return {"run_id": spec.run_id, "params": spec.params(), "error": error}
 
 
 def check_new_file(path: str | Path, overwrite: bool = False, what: str = "results file") -> Path:
@@ -515,93 +469,54 @@ def run_sweep(
 
     ``backend="local"``: ``jobs`` spawned processes (in this process when 1), longest-expected first;
     ``backend="ray"``: each run a Ray task on the cluster at ``ray_address`` (or ``RAY_ADDRESS``; a
-    local instance when neither), ``jobs`` ignored. Records are appended to ``out_path`` (JSON lines, a
-    new file: an existing one is refused unless ``overwrite``) and passed to ``on_done`` as each run
-    finishes; ``on_progress(run_id, finished_requests)`` is called while runs go on (at most every
-    PROGRESS_EVERY_S per run). A run that raises becomes a record with an ``error`` field.
-    Side effects: writes ``out_path``; the ray backend may start a local Ray instance.
+    local instance when neither), ``jobs`` ignored (:class:`mamba_radix.sim.runner.Runner` runs them).
+    Records are appended to ``out_path`` (JSON lines, a new file: an existing one is refused unless
+    ``overwrite``) and passed to ``on_done`` as each run finishes; ``on_progress(run_id,
+    finished_requests)`` is called while runs go on (at most every
+    :data:`~mamba_radix.sim.runner.PROGRESS_EVERY_S` per run). A run that raises becomes a record with an
+    ``error`` field. Side effects: writes ``out_path``; the ray backend may start a local Ray instance.
     """
+    from mamba_radix.sim.runner import Runner
+
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
-    order = {s.run_id: i for i, s in enumerate(specs)}
-    if len(order) != len(specs):
+    if len({s.run_id for s in specs}) != len(specs):
         raise ConfigError("run ids in a sweep must be unique")
-    records: dict[str, dict[str, Any]] = {}
+    written = 0
     sink = open_results(out_path, overwrite) if out_path else None
-    # infinite and large-memory runs first: they are the slowest, start them early
-    queue = sorted(specs, key=lambda s: (not s.infinite, -s.budget_gib))
+
+    def collect(_spec: RunSpec, rec: dict[str, Any]) -> None:
+        nonlocal written
+        written += 1
+        if sink:
+            sink.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            sink.flush()
+        if on_done:
+            on_done(rec)
+
     try:
-
-        def collect(rec: dict[str, Any]) -> None:
-            _collect(rec, records, sink, on_done)
-
-        if backend == "ray":
-            from mamba_radix.sim.ray_backend import run_on_ray
-
-            run_on_ray(queue, run_in_worker, collect, on_progress, ray_address)
-        elif jobs == 1:
-            _worker_init()
-            for s in specs:
-                progress = None if on_progress is None else _throttled(s.run_id, lambda m: on_progress(*m))
-                collect(_run_safely(s, progress))
-        else:
-            _run_local_pool(queue, jobs, collect, on_progress)
+        # spawned workers: each imports the package afresh and streams its own trace
+        with Runner(
+            backend, jobs, start_method="spawn", ray_address=ray_address, on_progress=on_progress
+        ) as runner:
+            return runner.run(
+                specs,
+                run_one,
+                # infinite and large-memory runs first: they are the slowest, start them early
+                first=lambda s: (not s.infinite, -s.budget_gib),
+                on_result=collect,
+                on_failure=_failure_record,
+            )
     except BaseException:
-        if sink and not records:  # nothing ran (e.g. no Ray cluster there): leave no empty results file
+        if sink and not written:  # nothing ran (e.g. no Ray cluster there): leave no empty results file
             sink.close()
             Path(sink.name).unlink(missing_ok=True)
         raise
     finally:
         if sink:
             sink.close()
-    return sorted(records.values(), key=lambda r: order[r["run_id"]])
-
-
-def _run_local_pool(
-    queue: Sequence[RunSpec],
-    jobs: int,
-    collect: Callable[[dict[str, Any]], None],
-    on_progress: Callable[[str, int], None] | None,
-) -> None:
-    ctx = get_context("spawn")
-    progress_queue = ctx.Queue() if on_progress is not None else None
-    with ProcessPoolExecutor(
-        max_workers=jobs, mp_context=ctx, initializer=_worker_init, initargs=(progress_queue,)
-    ) as pool:
-        pending = {pool.submit(_run_safely, s) for s in queue}
-        while pending:
-            done, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
-            _drain(progress_queue, on_progress)
-            for fut in done:
-                collect(fut.result())
-    _drain(progress_queue, on_progress)
-
-
-def _drain(progress_queue: Any, on_progress: Callable[[str, int], None] | None) -> None:
-    if progress_queue is None or on_progress is None:
-        return
-    while True:
-        try:
-            run_id, finished = progress_queue.get_nowait()
-        except queue_mod.Empty:
-            return
-        on_progress(run_id, finished)
-
-
-def _collect(
-    rec: dict[str, Any],
-    records: dict[str, dict[str, Any]],
-    sink: Any,
-    on_done: Callable[[dict[str, Any]], None] | None,
-) -> None:
-    records[rec["run_id"]] = rec
-    if sink:
-        sink.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        sink.flush()
-    if on_done:
-        on_done(rec)
 
 
 # ------------------------------------------------------------------------------------- definitions
