@@ -568,13 +568,14 @@ class MambaRadixCache:
         O(path tokens)."""
         return self.tree.path_values(node, above=above)
 
-    def path_kv_chunks(self, node: TreeNode) -> tuple[torch.Tensor, ...]:
-        """The KV of the prefix ending at ``node``, as the path's node values from the root down (the
-        tensors themselves, read-only: the tree never writes a node's indices in place, so they stay
-        exact after a split or an eviction). O(path nodes), no copy."""
+    def path_kv_chunks(self, node: TreeNode, above: TreeNode | None = None) -> tuple[torch.Tensor, ...]:
+        """The KV of the prefix ending at ``node`` (only the part below its ancestor ``above``, if given),
+        as the path's node values from the top down (the tensors themselves, read-only: the tree never
+        writes a node's indices in place, so they stay exact after a split or an eviction). O(path nodes
+        in that part), no copy."""
         chunks = []
-        root = self.tree.root
-        while node is not root:
+        stop = self.tree.root if above is None else above
+        while node is not stop and node is not self.tree.root:
             chunks.append(node.value)
             node = node.parent  # type: ignore[assignment]
         return tuple(reversed(chunks))

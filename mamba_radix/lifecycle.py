@@ -214,7 +214,7 @@ class LifecycleCache(Protocol):
 
     def path_kv(self, node: TreeNode, above: TreeNode) -> torch.Tensor: ...
 
-    def path_kv_chunks(self, node: TreeNode) -> tuple[torch.Tensor, ...]: ...
+    def path_kv_chunks(self, node: TreeNode, above: TreeNode | None = None) -> tuple[torch.Tensor, ...]: ...
 
     def full_evictable_size(self) -> int: ...
 
@@ -236,7 +236,9 @@ class RequestLifecycle:
     validated so far (the prompt at admission, sampled tokens as extends check them) as an
     ``array('q')``, so hand-over keys are cut from it with a ``memcpy`` instead of being converted from the
     request's lists again (weak keys: an entry goes with its request; :meth:`cache_finished_req` drops
-    it); ``_validated_req``, the request the running :meth:`commit` / :meth:`finish` validated, which the
+    it); ``prefix_chunks``, per running request the KV chunks of its cached prefix (what ``prefix_indices``
+    concatenates when read: a hand-over appends the new nodes' chunks, O(new nodes)); ``_validated_req``, the
+    request the running :meth:`commit` / :meth:`finish` validated, which the
     SGLang-named call it makes does not validate again.
     """
 
@@ -251,6 +253,7 @@ class RequestLifecycle:
         self.mamba_pool = cache.mamba_pool
         self.reserved_kv_tokens = 0
         self.checked_tokens: WeakKeyDictionary[Req, array] = WeakKeyDictionary()
+        self.prefix_chunks: WeakKeyDictionary[Req, tuple[torch.Tensor, ...]] = WeakKeyDictionary()
         self._validated_req: Req | None = None
 
     # ------------------------------------------------------------------------------------- admission
@@ -380,6 +383,7 @@ class RequestLifecycle:
         req.prefill_chunks = 0
         self.reserved_kv_tokens += check.kv_tokens_needed
         self._checked_tokens()[req] = ids
+        self.prefix_chunks[req] = match.kv_chunks() if req.cache_protected_len else ()
         return True
 
     def _checked_tokens(self) -> WeakKeyDictionary[Req, array]:
@@ -739,7 +743,14 @@ class RequestLifecycle:
         req.cache_protected_len = cache_len
         # SGLang's contract: prefix_indices is the cached prefix, len == cache_protected_len (a scheduler
         # reads it for the next chunk). Concatenated only if read: the hand-over stays O(new tokens).
-        req.defer_prefix_indices(_PrefixKV(self.cache.path_kv_chunks(done.node), self.cache.device))
+        # The chunks grow by the nodes below the old lock only: O(new nodes), whatever the prefix's length.
+        before = self.prefix_chunks.get(req)
+        if before is None:  # a request this lifecycle did not admit (the SGLang call form)
+            chunks = self.cache.path_kv_chunks(done.node)
+        else:
+            chunks = before + self.cache.path_kv_chunks(done.node, old)
+        self.prefix_chunks[req] = chunks
+        req.defer_prefix_indices(_PrefixKV(chunks, self.cache.device))
 
     def _check_no_pending_insert(self, req: Req, insert: bool, verb: str) -> None:
         """An insert at finish must not follow an uncommitted plan: the model may have overwritten the
@@ -802,3 +813,4 @@ class RequestLifecycle:
         req.last_node = None
         req.mamba_last_track_seqlen = None
         self._checked_tokens().pop(req, None)
+        self.prefix_chunks.pop(req, None)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from hypothesis import strategies as st
 
+from mamba_radix.config import CacheConfig
 from mamba_radix.testing.adapter import SuiteParams
 
 __all__ = ["STRATEGIES", "slots_per_request", "suite_params"]
@@ -26,13 +27,12 @@ STRATEGIES: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
 
 
 def slots_per_request(strategy: str, overlap: bool) -> int:
-    """State slots SGLang sizes per running request (``_calculate_mamba_ratio``): 3 (the live slot and
-    checkpoint headroom), plus the ping-pong track buffer (2 with overlap scheduling, 1 without; lazy 1)."""
-    if strategy == "no_buffer":
-        return 3
-    if strategy == "extra_buffer_lazy":
-        return 4
-    return 5 if overlap else 4
+    """State slots SGLang sizes per running request (``_calculate_mamba_ratio``), as the config's
+    :class:`~mamba_radix.config.SlotBudget` (the one home of the rule) derives them: 3 (the live slot and
+    checkpoint headroom), plus the track slots a request holds (2 with overlap scheduling, 1 without; lazy
+    1). O(1)."""
+    config = CacheConfig(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap)  # type: ignore[arg-type]
+    return config.slots_per_request
 
 
 @st.composite

@@ -30,8 +30,7 @@ from mamba_radix.cache import MambaRadixCache
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, CacheConfig
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.lifecycle import ForwardPlan
-from mamba_radix.pools import HybridReqToTokenPool, MambaPool, TokenToKVPoolAllocator
-from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from mamba_radix.pools import HybridReqToTokenPool, KVAllocator, MambaPool, make_kv_allocator
 from mamba_radix.request import Req
 from mamba_radix.state_stamp import read_stamp, write_stamp
 from mamba_radix.testing.adapter import (
@@ -177,11 +176,7 @@ class MambaRadixAdapter:
         )
         self.req_pool = HybridReqToTokenPool(params.req_rows, MAX_CONTEXT, self.mamba_pool, self.config)
         kv_tokens = params.kv_pages * page
-        self.allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
-        if page == 1:
-            self.allocator = TokenToKVPoolAllocator(kv_tokens)
-        else:
-            self.allocator = PagedTokenToKVPoolAllocator(kv_tokens, page)
+        self.allocator: KVAllocator = make_kv_allocator(kv_tokens, page)
         self.cache = MambaRadixCache(self.config, self.req_pool, self.allocator)
         self.reqs: dict[int, Req] = {}
         # Finished requests stay nameable: the misuse probes finish, extend or commit them again. O(1) each.
