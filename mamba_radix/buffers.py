@@ -16,7 +16,8 @@ strategy               slots per running request   states handed to the tree
 ``extra_buffer_lazy``  3 + 1                       as extra_buffer; the second ping-pong slot is
                                                    borrowed at a decode boundary, without eviction,
                                                    and the state is tracked in place when none is free
-disabled               1                           none: nothing is matched or inserted
+disabled               1                           none: nothing is matched or inserted (the null
+                                                   strategy: the cache asks it like any other)
 =====================  ==========================  ================================================
 
 Positions come from the pure rules in :mod:`mamba_radix.strategies`; this module decides which slot.
@@ -25,19 +26,25 @@ Every method is O(1) (O(P) for the ping-pong bookkeeping).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import torch
 
 from mamba_radix import strategies
+from mamba_radix.cache_results import MatchResult, PrefixPeek
 from mamba_radix.errors import ConfigError, InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig
+    from mamba_radix.node import TreeNode
     from mamba_radix.pools import HybridReqToTokenPool
     from mamba_radix.request import Req
+    from mamba_radix.tree import RadixKey, Walk
 
 __all__ = [
     "BUFFER_STRATEGIES",
     "BufferStrategy",
+    "CacheLookups",
     "DisabledCache",
     "ExtraBuffer",
     "LazyExtraBuffer",
@@ -46,15 +53,31 @@ __all__ = [
 ]
 
 
+class CacheLookups(Protocol):
+    """The cache's lookups a strategy answers a match or a peek with (:class:`~mamba_radix.cache.
+    MambaRadixCache` implements them): the tree's own, and the root and device a null answer needs."""
+
+    device: torch.device
+
+    @property
+    def root_node(self) -> TreeNode: ...
+
+    def match_tree(
+        self, radix_key: RadixKey, walk: Walk | None, cow_mamba: bool, req: Req | None
+    ) -> tuple[MatchResult, int]: ...
+
+    def peek_tree(self, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]: ...
+
+
 class BufferStrategy:
     """The rules of one buffer strategy for one :class:`~mamba_radix.config.CacheConfig`.
 
-    Subclasses override the hooks; the defaults here are the no-tracking behaviour shared by
-    ``no_buffer`` and the disabled cache.
+    Subclasses override the hooks; the defaults here are the no-tracking behaviour of ``no_buffer``.
+    :class:`DisabledCache` is the null strategy: the cache and the lifecycle call it like any other, and
+    its answers are those of a cache that holds nothing.
     """
 
     name: ClassVar[str]
-    caches: ClassVar[bool] = True  # False: nothing is matched or inserted (a disabled radix cache)
     tracks: ClassVar[bool] = False  # True: the model writes checkpoints into ping-pong track slots
 
     def __init__(self, config: CacheConfig) -> None:
@@ -74,6 +97,19 @@ class BufferStrategy:
         read at construction (a test checks the two agree). O(1)."""
         live = 1 if req.mamba_pool_idx is None else 0
         return live if req.mamba_ping_pong_track_buffer is not None else live + self._track_slots
+
+    # ---------------------------------------------------------------------------------------- lookup
+    def match_prefix(
+        self, cache: CacheLookups, radix_key: RadixKey, walk: Walk | None, cow_mamba: bool, req: Req | None
+    ) -> tuple[MatchResult, int]:
+        """What ``cache.match_prefix`` finds, and the usable hit's length: the tree's match
+        (:meth:`~mamba_radix.cache.MambaRadixCache.match_tree`). Its side effects and cost."""
+        return cache.match_tree(radix_key, walk, cow_mamba, req)
+
+    def peek_prefix(self, cache: CacheLookups, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]:
+        """What ``cache.peek_with_walk`` finds, and the walk: the tree's
+        (:meth:`~mamba_radix.cache.MambaRadixCache.peek_tree`). No side effects. O(L + path)."""
+        return cache.peek_tree(radix_key)
 
     # -------------------------------------------------------------------------------------- tracking
     def prefill_track_len(self, req: Req, start: int, num_tokens: int) -> int | None:
@@ -107,9 +143,13 @@ class BufferStrategy:
         ``(end, track_len)`` of ``req``'s uncommitted forward, to ask for the state it could hand over once
         that forward is committed (a commit checks the hand-over before it changes anything). No side
         effects. O(1)."""
-        if not self.caches:
-            return None
         return req.kv_len if pending is None else pending[0]
+
+    def finish_insert_skipped(self, req: Req) -> bool:
+        """Whether a finish asked to insert must not: the lazy boundary slot was not had
+        (``req.mamba_lazy_is_insert`` False; the lifecycle counts it in ``stats.lazy_inserts_skipped``).
+        No side effects. O(1)."""
+        return not req.mamba_lazy_is_insert
 
     def check_hand_over(self, req: Req, pool: HybridReqToTokenPool, verb: str) -> None:
         """Raise :class:`InvalidArgument` if :meth:`unfinished_tree_slot` would refuse ``req`` (checked
@@ -138,10 +178,26 @@ class NoBuffer(BufferStrategy):
 
 
 class DisabledCache(BufferStrategy):
-    """``--disable-radix-cache``: one live slot per request; nothing is matched, tracked or inserted."""
+    """``--disable-radix-cache``, the null strategy: one live slot per request; nothing is matched,
+    tracked or inserted. Its answers are a cache's that holds nothing: a match finds the root (nothing
+    split, stamped or counted), a request has no checkpoint to hand over, so no finish skips one."""
 
     name = "disabled"
-    caches = False
+
+    def match_prefix(
+        self, cache: CacheLookups, radix_key: RadixKey, walk: Walk | None, cow_mamba: bool, req: Req | None
+    ) -> tuple[MatchResult, int]:
+        empty = torch.empty(0, dtype=torch.int64, device=cache.device)
+        return MatchResult(empty, cache.root_node, None, 0, None), 0
+
+    def peek_prefix(self, cache: CacheLookups, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]:
+        return PrefixPeek(0, 0, cache.root_node, 0, False), None
+
+    def checkpoint_len(self, req: Req, pending: tuple[int, int | None] | None = None) -> int | None:
+        return None
+
+    def finish_insert_skipped(self, req: Req) -> bool:
+        return False
 
 
 class ExtraBuffer(BufferStrategy):

@@ -14,21 +14,23 @@ counted in :attr:`MambaRadixCache.stats`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
 from mamba_radix.buffers import buffer_strategy
+from mamba_radix.cache_results import CacheStats, EvictResult, InsertResult, MatchResult, PrefixPeek
 from mamba_radix.config import CacheConfig
-from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.errors import InvalidArgument, InvalidIndex, check_count
+from mamba_radix.events import CacheEvent, EventLog
+from mamba_radix.insert_checks import check_cache_pools, check_caller_owns, check_not_tree_kv
 from mamba_radix.invariants import check_invariants
 from mamba_radix.lifecycle import AdmitCheck, ForwardPlan, RequestLifecycle
 from mamba_radix.node import TreeNode
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import (
     HybridReqToTokenPool,
+    KVAllocator,
     MambaPool,
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
@@ -36,150 +38,11 @@ from mamba_radix.pools import (
 )
 from mamba_radix.pools.held import HeldIndices
 from mamba_radix.request import Req
-from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, TreeMatch, Walk
+from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 
+# the result records and counters live in mamba_radix.cache_results; re-exported here, where callers
+# import them
 __all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
-
-
-class MatchResult:
-    """What :meth:`MambaRadixCache.match_prefix` found:
-
-    - ``device_indices``: int64 KV indices of the usable hit, ``[0, hit_len)``, one fresh tensor (never a
-      node's storage), concatenated from the matched nodes on first access and then kept: the lifecycle's
-      admission writes the hit into the request row from the nodes' chunks and usually never reads it;
-    - ``last_node``: deepest node with a checkpoint on the matched path (root if none);
-    - ``mamba_slot``: that node's checkpoint slot (None at the root);
-    - ``full_kv_hit_len``: KV matched, possibly deeper than the usable hit;
-    - ``mamba_branching_seqlen``: ``full_kv_hit_len`` rounded down to the grid, if deeper than the hit.
-
-    Read like the NamedTuple it was: fields by name, unpacking and indexing in that order, ``_fields``,
-    ``_asdict()``. Late reads are exact: the tree never changes a node's indices in place.
-    """
-
-    __slots__ = (
-        "_indices",
-        "_match",
-        "full_kv_hit_len",
-        "last_node",
-        "mamba_branching_seqlen",
-        "mamba_slot",
-    )
-    _fields = ("device_indices", "last_node", "mamba_slot", "full_kv_hit_len", "mamba_branching_seqlen")
-
-    def __init__(
-        self,
-        device_indices: torch.Tensor | None,
-        last_node: TreeNode,
-        mamba_slot: int | None,
-        full_kv_hit_len: int,
-        mamba_branching_seqlen: int | None,
-        *,
-        match: TreeMatch | None = None,
-    ) -> None:
-        """``device_indices``, or ``None`` with ``match``: the tree match whose hit these are."""
-        if device_indices is None and match is None:
-            raise InvalidArgument("MatchResult needs device_indices or the tree match they come from")
-        self._indices = device_indices
-        self._match = match if device_indices is None else None
-        self.last_node = last_node
-        self.mamba_slot = mamba_slot
-        self.full_kv_hit_len = full_kv_hit_len
-        self.mamba_branching_seqlen = mamba_branching_seqlen
-
-    @property
-    def device_indices(self) -> torch.Tensor:
-        """The hit's KV indices (concatenated on the first read, O(hit_len); then the same tensor)."""
-        indices = self._indices
-        if indices is None:
-            indices = self._indices = self._match.device_indices  # type: ignore[union-attr]
-            self._match = None
-        return indices
-
-    def kv_chunks(self) -> tuple[torch.Tensor, ...]:
-        """The hit's KV as read-only chunks (the nodes' own values until ``device_indices`` is read):
-        for a caller that copies the hit into a buffer of its own. O(1)."""
-        match = self._match
-        return match.kv_chunks if match is not None else (self.device_indices,)
-
-    def __iter__(self) -> Iterator[object]:
-        return iter(
-            (
-                self.device_indices,
-                self.last_node,
-                self.mamba_slot,
-                self.full_kv_hit_len,
-                self.mamba_branching_seqlen,
-            )
-        )
-
-    def __len__(self) -> int:
-        return len(self._fields)
-
-    def __getitem__(self, index: int | slice) -> object:
-        return tuple(self)[index]
-
-    def _asdict(self) -> dict[str, object]:
-        return dict(zip(self._fields, self, strict=True))
-
-    def __repr__(self) -> str:
-        return "MatchResult(" + ", ".join(f"{k}={v!r}" for k, v in self._asdict().items()) + ")"
-
-
-class PrefixPeek(NamedTuple):
-    """What :meth:`MambaRadixCache.peek_prefix` found (read-only: nothing was split, stamped or counted)."""
-
-    hit_len: int  # the usable hit match_prefix would return now (tokens up to last_node's end)
-    full_kv_hit_len: int  # KV matched, possibly deeper than the usable hit
-    last_node: TreeNode  # deepest node with a checkpoint on the matched path (root if none)
-    unlocked_tokens: int  # KV tokens of [0, hit_len) that no lock holds: locking last_node takes them
-    #                       out of full_evictable_size()
-    unlocked_checkpoint: bool  # locking last_node takes its checkpoint out of mamba_evictable_size()
-
-
-class InsertResult(NamedTuple):
-    prefix_len: int  # tokens the tree held already
-    mamba_exists: bool  # the end node had a checkpoint: the caller's slot stays the caller's
-
-
-class EvictResult(NamedTuple):
-    num_tokens: int  # KV tokens freed (leaves and the tombstone cascade)
-    num_states: int  # checkpoints freed
-
-
-@dataclass
-class VictimAges:
-    """How long the victims of each pool's eviction had gone unused (tree clock ticks since their last
-    access), summed since construction. Under LRU the victim's age is the pool's characteristic time
-    (Che's approximation: an entry is hit iff it is reused within it); an adaptive KV/state split
-    (:mod:`mamba_radix.sim.split`) compares the two pools' means."""
-
-    kv_age: int = 0  # over leaves with a checkpoint picked by KV eviction (KV-only leaves cost no hit)
-    kv_victims: int = 0
-    state_age: int = 0  # over checkpoints picked by state eviction
-    state_victims: int = 0
-
-
-@dataclass
-class CacheStats:
-    """Counters since construction (or :meth:`reset`). Plain ints, for the simulator's metrics."""
-
-    matches: int = 0
-    hit_tokens: int = 0  # usable hit tokens over all matches
-    kv_only_tokens: int = 0  # KV matched beyond the usable hit (unusable without a state)
-    checkpoints_inserted: int = 0  # new leaf or revived tombstone
-    checkpoints_existing: int = 0  # insert found a checkpoint already there
-    checkpoints_skipped: int = 0  # no slot even after eviction: the checkpoint was not taken
-    checkpoints_capped: int = 0  # dropped by mamba_max_states_per_path
-    checkpoints_declined: int = 0  # a hand-over the research policy did not admit (policy.admit_checkpoint)
-    lazy_inserts_skipped: int = 0  # finish without insert: the lazy boundary slot was not had
-    cow_skipped: int = 0  # a hit dropped because no slot was free for its copy-on-write
-    state_copies: int = 0  # slot-to-slot copies (copy-on-write, no_buffer chunk ends)
-    tokens_evicted: int = 0
-    states_evicted: int = 0
-
-    def reset(self) -> None:
-        for name in asdict(self):
-            setattr(self, name, 0)
 
 
 class MambaRadixCache:
@@ -191,7 +54,13 @@ class MambaRadixCache:
     ``cache_unfinished_req`` / ``cache_finished_req`` are forwarded to it, so an engine drives one object.
     The lifecycle uses only this class's public contract (peek, match, insert below a node, make room,
     release, locks, the size accessors). The buffer strategy object (:attr:`buffer`,
-    :mod:`mamba_radix.buffers`) decides where states are tracked.
+    :mod:`mamba_radix.buffers`) decides where states are tracked, and answers every match and peek: from
+    the tree (:meth:`match_tree`, :meth:`peek_tree`) or, for a disabled cache (the null strategy,
+    :class:`~mamba_radix.buffers.DisabledCache`), with nothing; no method here asks whether it is disabled.
+
+    ``events``: record cache events for a router (:mod:`mamba_radix.events`; :meth:`take_events`): the KV
+    blocks and checkpoints the tree stores and frees. Off by default, and then free: the cache holds no
+    event log, and an insert or an eviction tests one attribute.
 
     Construction checks that the pools fit the config (same page size, same strategy); it raises
     :class:`InvalidArgument` otherwise. Every public method documents its side effects and cost;
@@ -205,23 +74,9 @@ class MambaRadixCache:
         token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator,
         *,
         policy: CachePolicy | None = None,
+        events: bool = False,
     ) -> None:
-        if not isinstance(config, CacheConfig):
-            raise InvalidArgument(f"config must be a CacheConfig, got {type(config).__name__}")
-        if not isinstance(req_to_token_pool, HybridReqToTokenPool):
-            raise InvalidArgument(
-                f"req_to_token_pool must be a HybridReqToTokenPool, got {type(req_to_token_pool).__name__}"
-            )
-        if req_to_token_pool.config != config:
-            raise InvalidArgument(
-                "req_to_token_pool was built with another CacheConfig; build the pool and the cache from "
-                "the same config"
-            )
-        if token_to_kv_pool_allocator.page_size != config.page_size:
-            raise InvalidArgument(
-                f"the token allocator has page_size={token_to_kv_pool_allocator.page_size} but the config "
-                f"says page_size={config.page_size}; build both with the same page size"
-            )
+        check_cache_pools(config, req_to_token_pool, token_to_kv_pool_allocator)
         self.config = config
         self.req_to_token_pool = req_to_token_pool
         self.mamba_pool = req_to_token_pool.mamba_pool
@@ -240,7 +95,8 @@ class MambaRadixCache:
         self.buffer = buffer_strategy(config)
         self._grid = config.mamba_checkpoint_grid  # a property computing an lcm: read once
         self.stats = CacheStats()
-        self.victim_ages = VictimAges()
+        # chosen once: None costs an attribute test per insert and eviction; a log names what they change
+        self._events: EventLog | None = EventLog(config.page_size) if events else None
         self.lifecycle = RequestLifecycle(self)
 
     # ------------------------------------------------------------------ the lifecycle, forwarded
@@ -295,16 +151,23 @@ class MambaRadixCache:
         temporal_shape: tuple[int, ...] = (2, 4, 4),
         device: str | torch.device = "cpu",
         policy: CachePolicy | None = None,
+        mamba_pool_factory: Callable[..., MambaPool] = MambaPool,
+        kv_allocator_factory: Callable[[int, int, str | torch.device], KVAllocator] = make_kv_allocator,
+        events: bool = False,
     ) -> MambaRadixCache:
         """A cache with freshly built pools: ``num_tokens`` KV indices (paged when
         ``config.page_size > 1``), ``num_slots`` state slots of small default shapes (large enough for
         :mod:`mamba_radix.state_stamp`), ``max_running_requests`` request rows; ``policy``: a research
-        policy (:mod:`mamba_radix.policy`). For tests, benchmarks and the simulator; an engine builds its
-        pools itself."""
-        mamba_pool = MambaPool(num_slots, num_layers, list(conv_shapes), temporal_shape, device=device)
+        policy (:mod:`mamba_radix.policy`). ``mamba_pool_factory`` (called like :class:`MambaPool`) and
+        ``kv_allocator_factory`` (called like :func:`make_kv_allocator`) choose other pool classes, e.g. the
+        simulator's capacity-limited ones; ``events``: record cache events (:meth:`take_events`). For
+        tests, benchmarks and the simulator; an engine builds its pools itself."""
+        mamba_pool = mamba_pool_factory(
+            num_slots, num_layers, list(conv_shapes), temporal_shape, device=device
+        )
         req_pool = HybridReqToTokenPool(max_running_requests, max_context_len, mamba_pool, config, device)
-        allocator = make_kv_allocator(num_tokens, config.page_size, device)
-        return cls(config, req_pool, allocator, policy=policy)
+        allocator = kv_allocator_factory(num_tokens, config.page_size, device)
+        return cls(config, req_pool, allocator, policy=policy, events=events)
 
     # -------------------------------------------------------------------------------------------- sizes
     def full_evictable_size(self) -> int:
@@ -350,7 +213,11 @@ class MambaRadixCache:
         holds). With ``cow_mamba`` and ``req``, copies the matched checkpoint into ``req``'s live slot,
         allocating one (``req.mamba_pool_idx``) if it has none, evicting one checkpoint if none is free
         (the matched node is locked meanwhile); if no slot can be had the hit is dropped (the result is
-        the root) and counted in ``stats.cow_skipped``.
+        the root) and counted in ``stats.cow_skipped``. A request the pool admitted (it holds a row)
+        gets that slot through the pool (:meth:`HybridReqToTokenPool.reclaim_slot`), so the pool's record
+        of who holds which slot stays exact; raises :class:`InvalidIndex` (nothing changed) if the
+        request's live slot is not its own, or, admitted without one, it carries track slots the pool
+        does not record as its own.
 
         ``walk``: a read-only walk of this very key object taken just before (an admission check's,
         :meth:`RadixTree.walk`), reused if the tree has not changed since, so the key is walked once.
@@ -359,39 +226,10 @@ class MambaRadixCache:
         recency (see :meth:`RadixTree.match`). O(L + path * log n), plus one slot copy.
         """
         radix_key = self._as_key(key, req)
-        if cow_mamba and req is not None and req.mamba_pool_idx is not None:
+        if cow_mamba and req is not None:
             self._check_cow_target(req)
-        hit_len = 0
-        if not self.buffer.caches:
-            result = MatchResult(
-                torch.empty(0, dtype=torch.int64, device=self.device), self.tree.root, None, 0, None
-            )
-        else:
-            m = self.tree.match(radix_key, walk)
-            best = m.best
-            branching = self._branching
-            if (
-                cow_mamba
-                and req is not None
-                and best.mamba_slot is not None
-                and not self._copy_on_write(req, best)
-            ):
-                best, hit_len = self.tree.root, 0
-                empty = torch.empty(0, dtype=torch.int64, device=self.device)
-                result = MatchResult(empty, best, None, m.full_kv_hit_len, branching(m.full_kv_hit_len, 0))
-            else:
-                hit_len = m.hit_len
-                result = MatchResult(  # device_indices concatenated only if read
-                    None,
-                    best,
-                    best.mamba_slot,
-                    m.full_kv_hit_len,
-                    branching(m.full_kv_hit_len, hit_len),
-                    match=m,
-                )
-            self.stats.matches += 1
-            self.stats.hit_tokens += hit_len
-            self.stats.kv_only_tokens += m.full_kv_hit_len - hit_len
+        # the buffer strategy's answer: the tree's (match_tree), or none under the null strategy
+        result, hit_len = self.buffer.match_prefix(self, radix_key, walk, cow_mamba, req)
         if req is not None:
             req.defer_prefix_indices(result)  # the same tensor as result.device_indices, when read
             req.last_node = result.last_node
@@ -399,6 +237,37 @@ class MambaRadixCache:
             req.mamba_branching_seqlen = result.mamba_branching_seqlen
             req.full_kv_hit_len = result.full_kv_hit_len
         return result
+
+    def match_tree(
+        self, radix_key: RadixKey, walk: Walk | None, cow_mamba: bool, req: Req | None
+    ) -> tuple[MatchResult, int]:
+        """:meth:`match_prefix`'s lookup in the tree, and the usable hit's length: the match, the
+        copy-on-write (``cow_mamba`` and ``req``; the hit dropped if no slot can be had) and the counts in
+        :attr:`stats`. Called by the buffer strategy (:meth:`BufferStrategy.match_prefix`), which a
+        disabled cache's null strategy does not do. Side effects and cost: :meth:`match_prefix`'s."""
+        m = self.tree.match(radix_key, walk)
+        best = m.best
+        branching = self._branching
+        hit_len = 0
+        if (
+            cow_mamba
+            and req is not None
+            and best.mamba_slot is not None
+            and not self._copy_on_write(req, best)
+        ):
+            best = self.tree.root
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            result = MatchResult(empty, best, None, m.full_kv_hit_len, branching(m.full_kv_hit_len, 0))
+        else:
+            hit_len = m.hit_len
+            result = MatchResult(  # device_indices concatenated only if read
+                None, best, best.mamba_slot, m.full_kv_hit_len, branching(m.full_kv_hit_len, hit_len), match=m
+            )
+        stats = self.stats
+        stats.matches += 1
+        stats.hit_tokens += hit_len
+        stats.kv_only_tokens += m.full_kv_hit_len - hit_len
+        return result, hit_len
 
     def peek_prefix(self, key: RadixKey | Sequence[int]) -> PrefixPeek:
         """What :meth:`match_prefix` would find for ``key`` now, without any of its side effects.
@@ -416,9 +285,14 @@ class MambaRadixCache:
         """:meth:`peek_prefix` of a :class:`RadixKey`, and its read-only walk for a
         :meth:`match_prefix` that follows at once (``walk=``; reused only if the tree has not changed).
         No side effects. O(L + path)."""
+        # the buffer strategy's answer: the tree's (peek_tree), or none under the null strategy
+        return self.buffer.peek_prefix(self, radix_key)
+
+    def peek_tree(self, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]:
+        """:meth:`peek_with_walk`'s look into the tree. Called by the buffer strategy
+        (:meth:`BufferStrategy.peek_prefix`), which a disabled cache's null strategy does not do. No side
+        effects. O(L + path)."""
         root = self.tree.root
-        if not self.buffer.caches:
-            return PrefixPeek(0, 0, root, 0, False), None
         walk = self.tree.walk(radix_key)  # read-only
         path, pos, partial = walk.path, walk.pos, walk.partial
         if partial:
@@ -441,8 +315,24 @@ class MambaRadixCache:
         return branching if branching > hit_len else None
 
     def _check_cow_target(self, req: Req) -> None:
-        """A copy-on-write overwrites ``req``'s live slot: it must be allocated and nobody else's. O(1)."""
+        """A copy-on-write overwrites ``req``'s live slot: it must be allocated and nobody else's. A request
+        the pool admitted without a live slot gets one through the pool, whose record of the request's
+        other (track) slots must then be exact. O(P)."""
         dst = req.mamba_pool_idx
+        if dst is None:
+            if self._is_admitted(req):
+                pool = self.req_to_token_pool
+                stray = [
+                    s
+                    for s in req.mamba_ping_pong_track_buffer or ()
+                    if s >= 0 and pool.slot_holder(s) is not req
+                ]
+                if stray:
+                    raise InvalidIndex(
+                        f"request {req.rid!r} carries track slots {stray} that the pool does not record as its "
+                        "own; a copy-on-write attaches a live slot through the pool, which needs its record exact"
+                    )
+            return
         held_by = self.req_to_token_pool.slot_holder(dst) if isinstance(dst, int) else None
         if (
             not isinstance(dst, int)
@@ -454,6 +344,11 @@ class MambaRadixCache:
                 f"request {req.rid!r}'s live slot {dst!r} is a tree checkpoint, another request's slot or not "
                 "allocated; a copy-on-write needs the request's own slot (or none: the match allocates one)"
             )
+
+    def _is_admitted(self, req: Req) -> bool:
+        """Whether the request pool holds a row for ``req`` (it admitted ``req``). O(1)."""
+        row = req.req_pool_idx
+        return row is not None and self.req_to_token_pool.row_holder(row) is req
 
     def _copy_on_write(self, req: Req, node: TreeNode) -> bool:
         """Copy ``node``'s checkpoint into ``req``'s live slot (allocated if missing). False: no slot."""
@@ -472,7 +367,17 @@ class MambaRadixCache:
             if slots is None:
                 self.stats.cow_skipped += 1
                 return False
-            dst = req.mamba_pool_idx = slots[0]
+            dst = slots[0]
+            if self._is_admitted(req):
+                # the pool records an admitted request's slots: the new one is attached through it, never
+                # set behind its back (its holder record and device mapping would not show it)
+                try:
+                    self.req_to_token_pool.reclaim_slot(req, dst)
+                except BaseException:
+                    self.mamba_pool.free([dst], check=False)
+                    raise
+            else:  # not admitted yet: admission keeps a live slot already set (HybridReqToTokenPool.alloc)
+                req.mamba_pool_idx = dst
         assert node.mamba_slot is not None
         self.mamba_pool.copy_slot(node.mamba_slot, dst)  # trusted: our checkpoint, the request's own slot
         req.mamba_cow_src_slot = node.mamba_slot
@@ -503,8 +408,15 @@ class MambaRadixCache:
     def _insert(
         self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
     ) -> tuple[InsertResult, TreeInsert]:
-        self._check_owned_by_caller(kv_indices, mamba_slot, prev_prefix_len)
-        self._check_not_tree_kv(kv_indices, prev_prefix_len)
+        check_caller_owns(
+            kv_indices,
+            mamba_slot,
+            prev_prefix_len,
+            self.token_to_kv_pool_allocator,
+            self.mamba_pool,
+            self.req_to_token_pool,
+        )
+        check_not_tree_kv(kv_indices, prev_prefix_len, self.held_kv)
         return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
 
     def insert_below(
@@ -518,6 +430,8 @@ class MambaRadixCache:
 
     def _settle_insert(self, done: TreeInsert) -> tuple[InsertResult, TreeInsert]:
         """Free what an insert returned (duplicate KV, capped checkpoints) and count it."""
+        if self._events is not None:
+            self._events.inserted(done)
         if done.duplicate_kv.numel():  # the caller's KV, validated as allocated and distinct already
             self.token_to_kv_pool_allocator.free(done.duplicate_kv, check=False)
         if done.new_kv is not None and self._tree_kv is not None:
@@ -530,30 +444,6 @@ class MambaRadixCache:
         else:
             self.stats.checkpoints_inserted += 1
         return InsertResult(done.prefix_len, done.mamba_exists), done
-
-    def _check_not_tree_kv(self, kv_indices: torch.Tensor, prev_prefix_len: int) -> None:
-        """The caller hands over KV ``[prev_prefix_len, L)``: duplicates of the tree's KV (freed) and the
-        new leaf's (kept). None of it may be the tree's own already: freed, it would be freed under the
-        tree; kept, one index would have two owners. One gather of the held flags (after
-        :meth:`_check_owned_by_caller`: every index is allocated, so in range). O(L - prev_prefix_len)."""
-        if (
-            not isinstance(kv_indices, torch.Tensor)
-            or kv_indices.dim() != 1
-            or not isinstance(prev_prefix_len, int)
-        ):
-            return  # the tree's own argument checks report these
-        start = max(prev_prefix_len, 0)
-        handed_over = kv_indices[start:]
-        if not handed_over.numel():
-            return
-        held = self.held_kv()
-        if held.any_held(handed_over):
-            at = start + (held.first_held(handed_over) or 0)
-            raise InvalidArgument(
-                f"KV index {int(kv_indices[at])} at position {at} is already the tree's (positions from "
-                f"prev_prefix_len={prev_prefix_len} are handed over); pass prev_prefix_len = the length of the "
-                "prefix the tree holds, or fresh indices"
-            )
 
     def held_kv_if_built(self) -> HeldIndices | None:
         """The held-KV flags if a check has built them, else ``None`` (nothing is built). O(1)."""
@@ -592,40 +482,6 @@ class MambaRadixCache:
                     self._tree_kv.hold(node.value)
         return self._tree_kv
 
-    def _check_owned_by_caller(self, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int) -> None:
-        """The caller hands over KV ``[prev_prefix_len, L)`` and the slot: both must be allocated (the
-        positions below ``prev_prefix_len`` are the tree's already). O(L - prev_prefix_len)."""
-        if isinstance(kv_indices, torch.Tensor) and kv_indices.dim() == 1 and kv_indices.numel():
-            if kv_indices.device != self.device:
-                raise InvalidArgument(
-                    f"kv indices are on {kv_indices.device} but the token pool lives on {self.device}"
-                )
-            if kv_indices.dtype != torch.int64:
-                raise InvalidArgument(f"kv indices must be int64, got {kv_indices.dtype}")
-            start = max(prev_prefix_len, 0) if isinstance(prev_prefix_len, int) else 0
-            handed_over = kv_indices[start:]
-            allocator = self.token_to_kv_pool_allocator
-            if not allocator.all_allocated(handed_over):
-                allocated = allocator.is_allocated(handed_over)
-                bad = int(handed_over[~allocated][0])
-                raise InvalidIndex(f"KV index {bad} is not allocated; insert only indices from alloc")
-            # O(L) without a sort when every index is known to be in range (all handed over: allocated)
-            repeats = (
-                allocator.has_repeats(kv_indices)
-                if start == 0
-                else torch.unique(kv_indices).numel() != kv_indices.numel()
-            )
-            if repeats:
-                raise InvalidIndex("kv indices repeat within one insert; give every token its own KV index")
-        valid_id = isinstance(mamba_slot, int) and not isinstance(mamba_slot, bool) and mamba_slot >= 1
-        if valid_id and not self.mamba_pool.is_slot_allocated(mamba_slot):
-            raise InvalidIndex(f"state slot {mamba_slot} is not allocated; insert only slots from alloc")
-        if valid_id and self.req_to_token_pool.is_slot_held(mamba_slot):
-            raise InvalidIndex(
-                f"state slot {mamba_slot} is a running request's (live or track slot); copy its state into "
-                "a fresh slot and insert that one"
-            )
-
     # -------------------------------------------------------------------------------------------- locks
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock ``node`` (a checkpoint node from a match, or the root). See :meth:`RadixTree.inc_lock_ref`."""
@@ -646,6 +502,8 @@ class MambaRadixCache:
     def _release(self, freed: Freed) -> None:
         """Return what the tree released. Trusted frees (no check): every index and slot comes from a node
         the tree just detached, each held by that node alone (the invariants' conservation rule)."""
+        if self._events is not None:
+            self._events.released(freed)
         if freed.kv:
             kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
             if self._tree_kv is not None:
@@ -655,11 +513,6 @@ class MambaRadixCache:
             self.mamba_pool.free(freed.slots, check=False)
         self.stats.tokens_evicted += freed.num_tokens
         self.stats.states_evicted += freed.num_states
-        ages = self.victim_ages
-        ages.kv_age += freed.kv_victim_age
-        ages.kv_victims += freed.kv_victims
-        ages.state_age += freed.state_victim_age
-        ages.state_victims += freed.state_victims
 
     def make_room(self, num_tokens: int = 0, num_states: int = 0, *, check: bool = True) -> bool:
         """Evict just enough that ``num_tokens`` KV tokens and ``num_states`` slots are free.
@@ -669,9 +522,8 @@ class MambaRadixCache:
         O(victims * log n).
         """
         if check:
-            for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
-                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                    raise InvalidArgument(f"make_room: {name} must be an int >= 0, got {count!r}")
+            check_count(num_tokens, "make_room: num_tokens")
+            check_count(num_states, "make_room: num_states")
         short_tokens = max(0, num_tokens - self.token_to_kv_pool_allocator.available_size())
         short_states = max(0, num_states - self.mamba_pool.available_size())
         if short_tokens or short_states:
@@ -707,6 +559,19 @@ class MambaRadixCache:
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1, as_list=True)
         return None if slots is None else slots[0]
+
+    # ------------------------------------------------------------------------------------------- events
+    def take_events(self) -> list[CacheEvent]:
+        """The cache events since the last call, oldest first, and clears them (SGLang's call): KV
+        :class:`~mamba_radix.events.BlockStored` / :class:`~mamba_radix.events.BlockRemoved` and
+        :class:`~mamba_radix.events.CheckpointStored` / :class:`~mamba_radix.events.CheckpointRemoved`
+        (schema: ``docs/events.md``). Always empty for a cache built with ``events=False``. O(1)."""
+        return [] if self._events is None else self._events.take()
+
+    @property
+    def events_enabled(self) -> bool:
+        """Whether this cache records events (``events=True`` at construction). O(1)."""
+        return self._events is not None
 
     # ---------------------------------------------------------------------------------------- debugging
     def pretty_print(self) -> str:

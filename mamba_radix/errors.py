@@ -21,6 +21,7 @@ __all__ = [
     "OutOfSlots",
     "TraceFileError",
     "TraceFormatError",
+    "check_count",
 ]
 
 
@@ -74,3 +75,12 @@ class TraceFileError(TraceFormatError, OSError):
     def __init__(self, path: str, message: str) -> None:
         super().__init__(path, 0, None, message)
         self.reason = message  # (not OSError's strerror/filename: setting those changes str(err))
+
+
+def check_count(value: object, what: str, minimum: int = 0) -> int:
+    """``value`` (a count of tokens, states, requests, ...) as an int ``>= minimum``, or
+    :class:`InvalidArgument` naming ``what``; a bool is refused (``True`` is not a count). The one home of
+    this rule: the tree, the lifecycle, the strategies and the pools call it. O(1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value

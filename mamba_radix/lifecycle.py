@@ -39,186 +39,31 @@ happens once, at the public edge: the prompt and each sampled token are checked 
 
 from __future__ import annotations
 
-import struct
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from weakref import WeakKeyDictionary
 
 import torch
 
-from mamba_radix.errors import InvalidArgument, InvalidIndex
-from mamba_radix.native import compiled_paths_enabled
+from mamba_radix.errors import InvalidArgument, check_count
+from mamba_radix.lifecycle_checks import (
+    check_checkpoint_len,
+    check_extend,
+    check_new_request,
+    check_no_pending_insert,
+    check_request_kv,
+    check_running,
+)
+from mamba_radix.lifecycle_contract import LifecycleCache
+from mamba_radix.lifecycle_results import ADMIT_REASONS, AdmitCheck, ForwardPlan, PrefixKV
 from mamba_radix.request import Req
+from mamba_radix.token_checks import make_token_check
 from mamba_radix.tree import RadixKey, Walk
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mamba_radix.buffers import BufferStrategy
-    from mamba_radix.config import CacheConfig
-    from mamba_radix.node import TreeNode
-    from mamba_radix.policy import CachePolicy
-    from mamba_radix.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-    from mamba_radix.pools.held import HeldIndices
-    from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
-
+# the result records (mamba_radix.lifecycle_results) and the cache contract (mamba_radix.lifecycle_contract)
+# live in their own modules; re-exported here, where callers import them
 __all__ = ["ADMIT_REASONS", "AdmitCheck", "ForwardPlan", "LifecycleCache", "RequestLifecycle"]
-
-# Why can_admit says no: a request row, state slots or KV tokens are short now; or the request can never
-# fit (longer than a request row or than the whole KV pool).
-ADMIT_REASONS: tuple[str, ...] = ("req_rows", "state_slots", "kv_tokens", "too_long")
-
-
-class AdmitCheck(NamedTuple):
-    """What :meth:`RequestLifecycle.can_admit` found."""
-
-    ok: bool
-    reason: str | None  # one of ADMIT_REASONS when not ok
-    hit_len: int  # the usable hit admission would find now
-    full_kv_hit_len: int  # KV matched, possibly deeper than the hit
-    kv_tokens_needed: int  # KV tokens the request will still allocate (reserved at admission)
-    state_slots_needed: int  # slots admission takes (live slot and track buffer)
-
-
-class ForwardPlan(NamedTuple):
-    """One forward the engine must run for ``req``: tokens ``[start, end)`` of ``req.all_token_ids``.
-
-    The model reads the state at ``start`` from ``live_slot`` and leaves the state at ``end`` there;
-    writes the tokens' KV at ``kv_indices`` (also in the request's ``req_to_token`` row; the KV of
-    ``[0, start)`` is the row's prefix); and, when ``track_slot`` is set, also writes the state at
-    ``track_len`` (``start < track_len <= end``) into ``track_slot``.
-    """
-
-    req: Req
-    start: int
-    end: int
-    kv_indices: torch.Tensor  # int64, end - start entries
-    live_slot: int
-    track_slot: int | None
-    track_len: int | None
-    is_prefill: bool
-
-    @property
-    def num_tokens(self) -> int:
-        return self.end - self.start
-
-
-def _check_count(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_token_list_reference(tokens: object, what: str) -> array:
-    """A list of ints in int64 range, returned as an int64 ``array('q')`` (the validated copy the keys are
-    cut from). O(len), at C speed: ``struct.pack`` refuses floats, None, strings and overflow (~6 ns a
-    token, 2.5x faster than ``array('q', list)``), then one ``memcpy`` into the array. Takes bools (as 1
-    and 0), int subclasses and objects with ``__index__`` (numpy integers) as the ints they stand for.
-    An ``array('q')`` holds int64 values by construction: it is copied with one ``memcpy``, unchecked (a
-    caller that has its tokens in one, such as the simulator, builds no Python list).
-
-    The reference: it decides every list and raises every error; :func:`_check_token_list` only skips it
-    for the lists the compiled check takes."""
-    if type(tokens) is array and tokens.typecode == "q":
-        return tokens[:]  # a copy (a slice of an array is a new array: one memcpy)
-    if not isinstance(tokens, list):
-        raise InvalidArgument(
-            f"{what} must be a list of int token ids or an array('q'), got {type(tokens).__name__}"
-        )
-    ids = array("q")
-    if tokens:
-        try:
-            ids.frombytes(struct.pack(f"{len(tokens)}q", *tokens))
-        except (struct.error, TypeError, ValueError, OverflowError) as exc:
-            # struct's own refusals, and whatever an item's __index__ raises (a typed error either way)
-            raise InvalidArgument(f"{what} must hold int token ids in int64 range: {exc}") from None
-    return ids
-
-
-try:  # the compiled token check: optional (setup.py builds it where a C compiler is found)
-    from mamba_radix._ctokens import pack_int64 as _c_pack_int64
-except ImportError:  # not built (no compiler at install time) or built for another Python
-    _c_pack_int64 = None
-
-# Whether _check_token_list tries the compiled check when it imported (False: always the reference; tests
-# set it to compare the two). MAMBA_RADIX_C=0 at import sets it, as it does the tree's (mamba_radix.native).
-_C_TOKEN_CHECK = compiled_paths_enabled()
-
-
-def _check_token_list(tokens: object, what: str) -> array:
-    """:func:`_check_token_list_reference`'s result and errors, faster: a list of exact ints in int64
-    range (and bools) is packed by the compiled ``pack_int64`` (about 1.6 ns a token on a list in cache
-    against 9 for the reference; about half the reference's time on one that is not); any other input,
-    valid or not, goes to the reference, which accepts or refuses it exactly as before. O(len), no side
-    effects."""
-    if _C_TOKEN_CHECK and _c_pack_int64 is not None:
-        ids = _c_pack_int64(tokens)
-        if ids is not None:
-            return ids
-    return _check_token_list_reference(tokens, what)
-
-
-class _PrefixKV:
-    """The KV indices of a prefix, from its path's node values, concatenated when first read (a
-    deferred ``req.prefix_indices``, :meth:`Req.defer_prefix_indices`)."""
-
-    __slots__ = ("_chunks", "_device")
-
-    def __init__(self, chunks: tuple[torch.Tensor, ...], device: torch.device) -> None:
-        self._chunks = chunks
-        self._device = device
-
-    @property
-    def device_indices(self) -> torch.Tensor:
-        """A new int64 tensor. O(prefix tokens)."""
-        if not self._chunks:
-            return torch.empty(0, dtype=torch.int64, device=self._device)
-        return torch.cat(self._chunks)
-
-
-class LifecycleCache(Protocol):
-    """The cache contract the lifecycle is written against (:class:`~mamba_radix.cache.MambaRadixCache`
-    implements it): its config, buffer strategy, research policy, counters and pools, and these calls.
-    Declared here, by its user, so that this module imports nothing above it."""
-
-    config: CacheConfig
-    buffer: BufferStrategy
-    policy: CachePolicy
-    stats: Any
-    device: torch.device
-    req_to_token_pool: HybridReqToTokenPool
-    token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
-    mamba_pool: MambaPool
-
-    def peek_with_walk(self, radix_key: RadixKey) -> tuple[Any, Walk | None]: ...
-
-    def match_prefix(
-        self, key: RadixKey, *, cow_mamba: bool = False, req: Req | None = None, walk: Walk | None = None
-    ) -> Any: ...
-
-    def insert_below(
-        self, node: TreeNode, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int
-    ) -> tuple[Any, Any]: ...
-
-    def make_room(self, num_tokens: int = 0, num_states: int = 0, *, check: bool = True) -> bool: ...
-
-    def alloc_state_slot(self) -> int | None: ...
-
-    def held_kv(self) -> HeldIndices: ...
-
-    def inc_lock_ref(self, node: TreeNode) -> None: ...
-
-    def dec_lock_ref(self, node: TreeNode) -> None: ...
-
-    def is_attached(self, node: TreeNode) -> bool: ...
-
-    def path_kv(self, node: TreeNode, above: TreeNode) -> torch.Tensor: ...
-
-    def path_kv_chunks(self, node: TreeNode, above: TreeNode | None = None) -> tuple[torch.Tensor, ...]: ...
-
-    def full_evictable_size(self) -> int: ...
-
-    def mamba_evictable_size(self) -> int: ...
 
 
 class RequestLifecycle:
@@ -240,10 +85,15 @@ class RequestLifecycle:
     concatenates when read: a hand-over appends the new nodes' chunks, O(new nodes)); ``_validated_req``, the
     request the running :meth:`commit` / :meth:`finish` validated, which the
     SGLang-named call it makes does not validate again.
+
+    ``compiled_token_check``: whether the token-list check may use its compiled fast path (None:
+    ``MAMBA_RADIX_C``); chosen once here (:func:`~mamba_radix.token_checks.make_token_check`) and kept as
+    :attr:`check_tokens`, so no check reads a global switch.
     """
 
-    def __init__(self, cache: LifecycleCache) -> None:
+    def __init__(self, cache: LifecycleCache, *, compiled_token_check: bool | None = None) -> None:
         self.cache = cache
+        self.check_tokens = make_token_check(compiled_token_check)
         # Read once: none of them is replaced after the cache is built (the frozen config's derived
         # counts and the pools are the cache's for its lifetime).
         self.config = cache.config
@@ -265,36 +115,6 @@ class RequestLifecycle:
         page = self.config.page_size
         return -(-num_tokens // page) * page
 
-    def _check_new_request(self, req: Req, max_new_tokens: int | None) -> array:
-        """Validate a request for admission; return its tokens (input, then output) as a checked
-        ``array('q')``. O(L)."""
-        if not isinstance(req, Req):
-            raise InvalidArgument(f"admission takes a Req, got {type(req).__name__}")
-        ids = _check_token_list(req.origin_input_ids, f"request {req.rid!r}: origin_input_ids")
-        outputs = _check_token_list(req.output_ids, f"request {req.rid!r}: output_ids")
-        if not req.origin_input_ids:
-            raise InvalidArgument(f"request {req.rid!r} has an empty prompt; give it at least one token")
-        if max_new_tokens is not None:
-            _check_count(max_new_tokens, "max_new_tokens", 1)
-        if (
-            req.last_node is not None
-            or req.req_pool_idx is not None
-            or req.mamba_pool_idx is not None
-            or req.mamba_ping_pong_track_buffer is not None
-            or req.kv_len
-        ):
-            raise InvalidArgument(
-                f"request {req.rid!r} is already admitted or carries pool fields (row, slots, lock or "
-                "kv_len); admit each request once, as a fresh Req"
-            )
-        if type(req.mamba_next_track_idx) is not int:  # the pool's admission takes the request trusted
-            raise InvalidArgument(
-                f"request {req.rid!r} has mamba_next_track_idx {req.mamba_next_track_idx!r}; it must be an int"
-            )
-        if outputs:
-            ids.extend(outputs)
-        return ids
-
     def can_admit(self, req: Req, max_new_tokens: int | None = None) -> AdmitCheck:
         """Whether :meth:`admit` would admit ``req`` now, and why not. Read-only: nothing is split,
         stamped, counted or evicted. ``max_new_tokens``: output tokens the request will produce (its
@@ -306,7 +126,7 @@ class RequestLifecycle:
     ) -> tuple[AdmitCheck, RadixKey, Walk | None, array]:
         """:meth:`can_admit`, plus the admission key, its walk for the match that follows and the
         request's checked tokens."""
-        ids = self._check_new_request(req, max_new_tokens)
+        ids = check_new_request(req, max_new_tokens, self.check_tokens)
         # a view of the checked tokens: the key's own copy is the only one made
         key = RadixKey.trusted(memoryview(ids)[: len(req.origin_input_ids) - 1], req.extra_key)  # type: ignore[arg-type]
         peek, walk = self.cache.peek_with_walk(key)
@@ -382,19 +202,15 @@ class RequestLifecycle:
         req.kv_reserved_tokens = check.kv_tokens_needed
         req.prefill_chunks = 0
         self.reserved_kv_tokens += check.kv_tokens_needed
-        self._checked_tokens()[req] = ids
+        self.checked_tokens[req] = ids
         self.prefix_chunks[req] = match.kv_chunks() if req.cache_protected_len else ()
         return True
-
-    def _checked_tokens(self) -> WeakKeyDictionary[Req, array]:
-        """:attr:`checked_tokens` (kept as a call: the hand-over paths read it once per call)."""
-        return self.checked_tokens
 
     def _token_key(self, req: Req, start: int, end: int) -> RadixKey:
         """The key of ``req``'s tokens ``[start, end)``, trusted: cut from its checked tokens when they
         reach ``end`` (the lifecycle's requests), else from its lists (a caller of the low-level calls
         that did not admit through :meth:`admit`). O(end - start)."""
-        ids = self._checked_tokens().get(req)
+        ids = self.checked_tokens.get(req)
         tokens: Sequence[int] | memoryview = (
             # a view: the key's own copy is the only one made
             memoryview(ids)[start:end] if ids is not None and end <= len(ids) else req.token_slice(start, end)
@@ -415,47 +231,13 @@ class RequestLifecycle:
         req.mamba_cow_src_slot = None
 
     # ---------------------------------------------------------------------------------------- extend
-    def _row(self, req: Req, verb: str) -> torch.Tensor:
-        """Validate ``req``'s bookkeeping as a running request; return its ``req_to_token`` row. O(1)."""
-        if not isinstance(req, Req):
-            raise InvalidArgument(f"{verb} takes a Req, got {type(req).__name__}")
-        if req.req_pool_idx is None or not self.req_to_token_pool.is_row_allocated(req.req_pool_idx):
-            raise InvalidArgument(f"{verb}: request {req.rid!r} holds no request row; admit it first")
-        node = req.last_node
-        if node is None or not self.cache.is_attached(node):
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} holds no lock in this cache (never admitted here, or "
-                "finished twice)"
-            )
-        if node.depth != req.cache_protected_len:
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} has cache_protected_len={req.cache_protected_len} but its "
-                f"last_node ends at {node.depth}; do not edit the cache's request fields"
-            )
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        kv_len = req.kv_len
-        if isinstance(kv_len, bool) or not isinstance(kv_len, int):
-            raise InvalidArgument(f"{verb}: request {req.rid!r} has kv_len={kv_len!r}; it must be an int")
-        if not req.cache_protected_len <= kv_len <= min(req.seq_len, row.numel()):
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} has kv_len={kv_len}, outside "
-                f"[cache_protected_len={req.cache_protected_len}, seq_len={req.seq_len}]"
-            )
-        return row
-
-    def _is_prefill_chunk_end(self, end: int, input_len: int) -> bool:
-        """The one rule for where a prefill chunk may end: at the prompt's end, or on a page boundary.
-        Why: a chunk's checkpoint sits on the state grid counted from the chunk's start (SGLang), and the
-        grid is a page multiple, so it lands on a page only if the chunk starts on one. O(1)."""
-        return end == input_len or end % self.config.page_size == 0
-
     def prefill_chunk_len(self, req: Req, budget: int) -> int:
         """How many prompt tokens the next prefill chunk of running ``req`` takes with at most ``budget``
         tokens (``chunked_prefill_size``, or what is left of a batch's): the rest of the prompt if it
         fits, else as many as end on a page boundary (SGLang's scheduler cuts chunks so). ``0``: the
         budget does not reach the next page boundary; schedule the chunk later. :meth:`extend` refuses
         any other prefill length. No side effects. O(1)."""
-        _check_count(budget, "budget", 0)
+        check_count(budget, "budget", 0)
         start, input_len = req.kv_len, len(req.origin_input_ids)
         if start + budget >= input_len:
             return max(input_len - start, 0)
@@ -479,44 +261,16 @@ class RequestLifecycle:
         reservations (the engine retracts it: ``finish(req, insert=False)``). Raises :class:`InvalidArgument` for misuse,
         including an extend while the previous plan is not committed. O(num_tokens + victims * log n).
         """
-        row = self._row(req, "extend")
-        _check_count(num_tokens, "num_tokens", 1)
-        if req.pending_plan is not None:
-            raise InvalidArgument(
-                f"extend: request {req.rid!r} has an uncommitted plan for [{req.pending_plan.start}, "
-                f"{req.pending_plan.end}); commit it first (or finish(req, insert=False) to abort)"
-            )
+        row = check_running(req, "extend", self.req_to_token_pool, self.cache.is_attached)
+        check_extend(req, row, num_tokens, self.config.page_size, self.prefill_chunk_len)
         start, end = req.kv_len, req.kv_len + num_tokens
-        input_len = len(req.origin_input_ids)
-        is_prefill = start < input_len
-        if end > req.seq_len:
-            raise InvalidArgument(
-                f"extend: request {req.rid!r} knows {req.seq_len} tokens but the extend ends at {end}; "
-                "append the sampled token to req.output_ids before extending over it"
-            )
-        if end > row.numel():
-            raise InvalidArgument(
-                f"extend: request {req.rid!r} would reach {end} tokens, past the request row's "
-                f"{row.numel()} (max_context_len)"
-            )
-        if is_prefill and end > input_len:
-            raise InvalidArgument(
-                f"extend: a prefill extend ends at the prompt's end ({input_len}); got [{start}, {end})"
-            )
-        if is_prefill and not self._is_prefill_chunk_end(end, input_len):
-            raise InvalidArgument(
-                f"extend: a prefill chunk must end on a page boundary (page_size={self.config.page_size}) "
-                f"or at the prompt's end ({input_len}); [{start}, {end}) ends inside a page, so the next "
-                "chunk's checkpoint could not land on a page. Cut chunks with "
-                f"cache.prefill_chunk_len(req, budget) (here {self.prefill_chunk_len(req, num_tokens)} "
-                "tokens), as SGLang's scheduler does"
-            )
+        is_prefill = start < len(req.origin_input_ids)
         ids: array | None = None
         done, checked = start, array("q")
         if not is_prefill:  # the prompt was checked at admission; sampled tokens are checked here
-            ids = self._checked_tokens().get(req)
+            ids = self.checked_tokens.get(req)
             done = start if ids is None else max(start, min(len(ids), end))  # checked before: skipped
-            checked = _check_token_list(
+            checked = self.check_tokens(
                 req.token_slice(done, end), f"extend: request {req.rid!r}: output_ids"
             )
         boundary = None if is_prefill else self.buffer.next_decode_boundary(start)
@@ -576,7 +330,7 @@ class RequestLifecycle:
         if not isinstance(plan, ForwardPlan):
             raise InvalidArgument(f"commit takes the ForwardPlan extend returned, got {type(plan).__name__}")
         req = plan.req
-        self._row(req, "commit")
+        check_running(req, "commit", self.req_to_token_pool, self.cache.is_attached)
         if req.pending_plan is not plan:
             raise InvalidArgument(
                 f"commit: this plan is not request {req.rid!r}'s pending one (committed already, or from "
@@ -604,8 +358,8 @@ class RequestLifecycle:
         uncommitted plan: the model may have overwritten the state that would be inserted.
         O(L + path * log n).
         """
-        self._row(req, "finish")
-        self._check_no_pending_insert(req, insert, "finish")
+        check_running(req, "finish", self.req_to_token_pool, self.cache.is_attached)
+        check_no_pending_insert(req, insert, "finish")
         with self._validated(req):  # checked above: cache_finished_req does not check it again
             self.cache_finished_req(req, is_insert=insert)
         self.req_to_token_pool.free(req)
@@ -621,18 +375,7 @@ class RequestLifecycle:
         if cache_len is None:
             return None
         kv_len = req.kv_len if plan is None else plan.end
-        if (
-            isinstance(cache_len, bool)
-            or not isinstance(cache_len, int)
-            or not req.cache_protected_len <= cache_len <= kv_len
-            or cache_len % self.config.page_size
-        ):
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} checkpoints at {cache_len!r}, which must be a multiple of "
-                f"page_size={self.config.page_size} in [cache_protected_len={req.cache_protected_len}, "
-                f"kv_len={kv_len}]; set mamba_last_track_seqlen to the tracked length"
-            )
-        return cache_len
+        return check_checkpoint_len(req, cache_len, kv_len, self.config.page_size, verb)
 
     def _admitted(self, req: Req, cache_len: int | None) -> int | None:
         """``cache_len`` if the research policy keeps that hand-over (``None`` if declined, counted)."""
@@ -642,28 +385,6 @@ class RequestLifecycle:
             return cache_len
         self.cache.stats.checkpoints_declined += 1
         return None
-
-    def _check_request_kv(self, req: Req, kv: torch.Tensor, verb: str) -> None:
-        """The request's own KV ``kv`` (a span of its row past ``cache_protected_len``, int32 as stored)
-        must be allocated and not the tree's (the insert would give a tree index a second owner, the free
-        past the checkpoint would free it under the tree). O(len): one fused pass over the row's memory
-        and one gather of the held-KV flags (built from the tree by the first such check)."""
-        allocator = self.token_to_kv_pool_allocator
-        if not allocator.all_allocated(kv):
-            kv = kv.to(torch.int64)
-            bad = int(kv[~allocator.is_allocated(kv)][0])
-            raise InvalidIndex(
-                f"{verb}: request {req.rid!r} has KV index {bad} in its row that is not allocated; write "
-                "only indices from the allocator into req_to_token"
-            )
-        held = self.cache.held_kv()
-        if kv.numel() and held.any_held(kv):
-            at = held.first_held(kv) or 0
-            raise InvalidIndex(
-                f"{verb}: request {req.rid!r} has KV index {int(kv[at])} at row position "
-                f"{req.cache_protected_len + at} (past cache_protected_len) that is the tree's; only the "
-                "matched prefix below cache_protected_len may hold tree indices"
-            )
 
     @contextmanager
     def _validated(self, req: Req) -> Iterator[None]:
@@ -697,7 +418,7 @@ class RequestLifecycle:
         """
         check = not self._is_validated(req)
         if check:
-            row = self._row(req, "cache_unfinished_req")
+            row = check_running(req, "cache_unfinished_req", self.req_to_token_pool, self.cache.is_attached)
         else:
             row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         cache_len = self._checkpoint_len(req, "cache_unfinished_req")
@@ -705,7 +426,9 @@ class RequestLifecycle:
         if cache_len is not None and cache_len > protected:
             span = row[protected:cache_len]  # a view of the row, int32
             if check:  # everything validated before the policy is asked or a slot allocated
-                self._check_request_kv(req, span, "cache_unfinished_req")
+                check_request_kv(
+                    req, span, "cache_unfinished_req", self.token_to_kv_pool_allocator, self.cache.held_kv
+                )
                 self.buffer.check_hand_over(req, self.req_to_token_pool, "cache_unfinished_req")
             if self._admitted(req, cache_len) is not None:
                 self._insert_checkpoint(req, span, cache_len, check)
@@ -750,17 +473,7 @@ class RequestLifecycle:
         else:
             chunks = before + self.cache.path_kv_chunks(done.node, old)
         self.prefix_chunks[req] = chunks
-        req.defer_prefix_indices(_PrefixKV(chunks, self.cache.device))
-
-    def _check_no_pending_insert(self, req: Req, insert: bool, verb: str) -> None:
-        """An insert at finish must not follow an uncommitted plan: the model may have overwritten the
-        state it would insert. O(1)."""
-        plan = req.pending_plan
-        if plan is not None and insert:
-            raise InvalidArgument(
-                f"{verb}: request {req.rid!r} has an uncommitted plan for [{plan.start}, {plan.end}); "
-                "commit it first, or finish(req, insert=False) to abort"
-            )
+        req.defer_prefix_indices(PrefixKV(chunks, self.cache.device))
 
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Finish a request's cache work (SGLang's call; :meth:`finish` makes it and frees the row).
@@ -777,8 +490,8 @@ class RequestLifecycle:
         """
         check = not self._is_validated(req)
         if check:
-            row = self._row(req, "cache_finished_req")
-            self._check_no_pending_insert(req, is_insert, "cache_finished_req")
+            row = check_running(req, "cache_finished_req", self.req_to_token_pool, self.cache.is_attached)
+            check_no_pending_insert(req, is_insert, "cache_finished_req")
         else:  # finish validated the request just before
             row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         protected = req.cache_protected_len
@@ -787,15 +500,15 @@ class RequestLifecycle:
         plan = req.pending_plan
         kv_end = req.kv_len if plan is None else plan.end
         cache_len = protected
-        if not self.buffer.caches:
-            pass
-        elif is_insert and not req.mamba_lazy_is_insert:
+        if is_insert and self.buffer.finish_insert_skipped(req):
             self.cache.stats.lazy_inserts_skipped += 1
-        elif is_insert:
+        elif is_insert:  # the null strategy (a disabled cache) has no checkpoint: cache_len stays
             cache_len = self._admitted(req, self._checkpoint_len(req, "cache_finished_req")) or protected
         own_kv = row[protected:kv_end]  # the request's KV, [protected, kv_end): a view, int32
         if check:
-            self._check_request_kv(req, own_kv, "cache_finished_req")
+            check_request_kv(
+                req, own_kv, "cache_finished_req", self.token_to_kv_pool_allocator, self.cache.held_kv
+            )
         node = req.last_node
         assert node is not None
         keep: int | None = None
@@ -812,5 +525,5 @@ class RequestLifecycle:
         req.pending_plan = None
         req.last_node = None
         req.mamba_last_track_seqlen = None
-        self._checked_tokens().pop(req, None)
+        self.checked_tokens.pop(req, None)
         self.prefix_chunks.pop(req, None)

@@ -1,10 +1,13 @@
 """The one switch for the optional C extensions (``mamba_radix/_cwalk.c``, the tree's walk loop,
 ``mamba_radix/_ctokens.c``, the prompt check, and ``mamba_radix/_cstate.c``, the one-slot state copy).
 
-``MAMBA_RADIX_C=0`` in the environment at import makes every compiled path fall back to its pure-Python
+``MAMBA_RADIX_C=0`` in the environment makes every compiled path fall back to its pure-Python
 reference (the same results, more slowly); ``1``, the default, uses each extension that was built. Any
-other value is refused at import with :class:`InvalidArgument`. Each module reads the switch once, at
-import; the tree's walk is then chosen from it per tree (:func:`mamba_radix.walks.default_walk_kind`).
+other value is refused with :class:`InvalidArgument`. Each fast path is chosen from it once, where its
+user is built, and never tested on the path itself: the tree's walk per tree
+(:func:`mamba_radix.walks.choose_walk`; the switch read at import), the token check per request lifecycle
+(:func:`mamba_radix.token_checks.make_token_check`) and the state copy per state pool
+(:func:`mamba_radix.pools.mamba_pool.compiled_copy_row`), the switch read then.
 """
 
 from __future__ import annotations

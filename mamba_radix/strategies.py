@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mamba_radix.errors import InvalidArgument
+from mamba_radix.errors import InvalidArgument, check_count
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig
@@ -36,12 +36,6 @@ __all__ = [
     "max_checkpoints_per_request",
     "prefill_track_len",
 ]
-
-
-def _check_len(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{what} must be an int >= 0, got {value!r}")
-    return value
 
 
 def prefill_track_len(
@@ -82,13 +76,13 @@ def prefill_track_len(
 
     Decode checkpoints (:func:`is_decode_boundary`) are the same under both admissions. O(1).
     """
-    _check_len(chunk_start, "chunk_start")
-    _check_len(extend_len, "extend_len")
+    check_count(chunk_start, "chunk_start")
+    check_count(extend_len, "extend_len")
     if branching_seqlen is not None:
-        _check_len(branching_seqlen, "branching_seqlen")
+        check_count(branching_seqlen, "branching_seqlen")
     end = chunk_start + extend_len
     if input_len is not None:
-        _check_len(input_len, "input_len")
+        check_count(input_len, "input_len")
         if input_len < end:
             raise InvalidArgument(
                 f"input_len={input_len} ends before the chunk [{chunk_start}, {end}); pass the prompt length"
@@ -131,7 +125,7 @@ def is_decode_boundary(config: CacheConfig, seq_len: int) -> bool:
     """Whether decode checkpoints the state at ``seq_len`` (tokens whose KV is committed):
     ``seq_len % mamba_track_interval == 0`` under extra_buffer(_lazy). Always ``False`` under no_buffer,
     which takes no decode checkpoints (its live slot goes to the tree at finish). O(1)."""
-    _check_len(seq_len, "seq_len")
+    check_count(seq_len, "seq_len")
     if not config.uses_extra_buffer or seq_len == 0:
         return False
     return seq_len % config.mamba_track_interval == 0
@@ -149,7 +143,7 @@ def admission_slots(config: CacheConfig, req: Req) -> int:
 def max_checkpoints_per_request(config: CacheConfig, input_len: int) -> int:
     """Checkpoints one request can add, as the seeds count them: one per finished prefill chunk plus the
     last decode one, ``input_len // chunked_prefill_size + 2`` (2 without chunking). O(1)."""
-    _check_len(input_len, "input_len")
+    check_count(input_len, "input_len")
     if config.chunked_prefill_size < 0:
         return 2
     return input_len // config.chunked_prefill_size + 2

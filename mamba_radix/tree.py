@@ -16,173 +16,38 @@ pure-Python reference a property test checks it against: the walk loop (:mod:`ma
 scratch or general) and the eviction index's form (:func:`mamba_radix.eviction.make_index`: lazy stamps,
 deferred removal). So the tree's own code is the reference's shape: one :meth:`RadixTree.walk`, and one
 ``index.touch`` / ``index.touch_mamba`` per stamp.
+
+Beside it: the key (:mod:`mamba_radix.radix_key`), the result records (:mod:`mamba_radix.tree_results`,
+re-exported here), the argument checks (:mod:`mamba_radix.tree_checks`) and the dump
+(:mod:`mamba_radix.tree_view`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from mamba_radix.candidates import COMPACT_MIN_DEAD
-from mamba_radix.errors import InvalidArgument
+from mamba_radix.errors import InvalidArgument, check_count
 from mamba_radix.eviction import CheckpointOrder, VictimPolicy, make_index
-from mamba_radix.node import ROOT_ID, TokenIds, TreeNode, as_token_ids, child_key, key_slice
+from mamba_radix.node import ROOT_ID, TreeNode, child_key
+from mamba_radix.radix_key import RadixKey
 from mamba_radix.state_stamp import fingerprint_extend
+from mamba_radix.token_ids import TokenIds, key_slice
+from mamba_radix.tree_checks import check_insert_args, check_insert_below, check_lockable
+from mamba_radix.tree_results import Freed, TreeInsert, TreeMatch, VictimObserver, Walk
+from mamba_radix.tree_view import format_nodes
 from mamba_radix.walks import choose_walk
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.config import CacheConfig
     from mamba_radix.walks import WalkKind
 
-__all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch"]
-
-
-@dataclass(frozen=True)
-class RadixKey:
-    """Token ids plus an optional namespace (``extra_key``: LoRA id, cache salt).
-
-    Keys in different namespaces never share a node. ``token_ids`` is normalised to a fresh
-    :class:`~mamba_radix.node.TokenIds` (int64 in one C buffer; it compares equal to a tuple or list of
-    the same ints): a list, tuple, ``array('q')``, numpy array or 1-D tensor is accepted. An int64 array
-    or tensor is copied with one ``memcpy``; a list of Python ints costs one C-level conversion per token
-    (about 15-25 ns), which is also the check. Not hashable (the ids are an array). O(len).
-    """
-
-    token_ids: TokenIds | Sequence[int]
-    extra_key: str | None = None
-
-    def __post_init__(self) -> None:
-        ids = self.token_ids
-        if isinstance(ids, (torch.Tensor, np.ndarray)):
-            if ids.ndim != 1:
-                raise InvalidArgument(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
-            ids = _int64_buffer(ids)
-        elif isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Sequence):
-            raise InvalidArgument(f"token_ids must be a sequence of ints, got {type(ids).__name__}")
-        try:  # one C-speed pass: floats, None, strings and ints beyond int64 are refused
-            object.__setattr__(self, "token_ids", as_token_ids(ids))
-        except (TypeError, OverflowError, ValueError) as exc:
-            raise InvalidArgument(f"token_ids must be int token ids in int64 range: {exc}") from None
-        if self.extra_key is not None and not isinstance(self.extra_key, str):
-            raise InvalidArgument(
-                f"extra_key must be a str or None, got {self.extra_key!r}; convert it with str()"
-            )
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    @classmethod
-    def trusted(cls, token_ids: Sequence[int], extra_key: str | None) -> RadixKey:
-        """A key from tokens the caller already validated (the lifecycle's, checked at admission): no
-        check, one conversion (:func:`~mamba_radix.node.as_token_ids`: a ``memcpy`` from an int64 array,
-        one C-level step per token from a list). O(len)."""
-        key = object.__new__(cls)
-        object.__setattr__(key, "token_ids", as_token_ids(token_ids))
-        object.__setattr__(key, "extra_key", extra_key)
-        return key
-
-
-def _int64_buffer(ids: torch.Tensor | np.ndarray) -> np.ndarray | list[int]:
-    """A 1-D tensor or numpy array as a contiguous int64 numpy array when its dtype converts exactly
-    (signed ints, unsigned up to 32 bits), else as a list of Python items for the checked conversion
-    (floats and bools keep their refusal or acceptance; uint64 beyond int64 overflows there). O(len)."""
-    arr = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids
-    kind, size = arr.dtype.kind, arr.dtype.itemsize
-    if kind == "i" or (kind == "u" and size <= 4):
-        return np.ascontiguousarray(arr, dtype=np.int64)
-    return arr.tolist()
-
-
-class Walk(NamedTuple):
-    """A read-only walk of a key (:meth:`RadixTree.walk`), reusable by :meth:`RadixTree.match` while the
-    tree's structure is unchanged (``version``): a check followed by its match walks once."""
-
-    key: RadixKey
-    path: list[TreeNode]  # fully matched nodes top-down, then the node matched in part (if partial)
-    pos: int  # tokens the fully matched nodes cover
-    partial: int  # tokens matched into the last node's edge, 0 if none
-    version: int
-
-
-class TreeMatch:
-    """What :meth:`RadixTree.match` found.
-
-    - ``kv_chunks``: the KV indices of ``[0, hit_len)`` as the matched nodes' own values, top-down (a
-      tuple of tensors; read-only: they are the tree's). A caller that writes the hit into a buffer it
-      owns (a request's row) copies them there in one call, ``torch.cat(m.kv_chunks, out=row[:hit_len])``,
-      without the intermediate tensor ``device_indices`` costs (on a long path that fresh allocation
-      page-faults its way in: tens of µs);
-    - ``device_indices``: the same indices as one fresh tensor (concatenated on first access, then kept;
-      never a node's storage);
-    - ``best``: the deepest node with a checkpoint on the matched path, the root if none;
-    - ``hit_len``: tokens up to ``best``'s end (the usable hit);
-    - ``full_kv_hit_len``: tokens whose KV matched, ``>= hit_len``.
-
-    The node values never change in place (a split gives the halves views, an eviction hands the
-    tensor to the allocator, which copies what it keeps), so a late ``device_indices`` is the match's.
-    """
-
-    __slots__ = ("_indices", "best", "full_kv_hit_len", "hit_len", "kv_chunks")
-
-    def __init__(
-        self,
-        kv_chunks: tuple[torch.Tensor, ...],
-        best: TreeNode,
-        hit_len: int,
-        full_kv_hit_len: int,
-        indices: torch.Tensor | None = None,
-    ) -> None:
-        self.kv_chunks = kv_chunks
-        self.best = best
-        self.hit_len = hit_len
-        self.full_kv_hit_len = full_kv_hit_len
-        self._indices = indices
-
-    @property
-    def device_indices(self) -> torch.Tensor:
-        """KV indices of ``[0, hit_len)``, one fresh tensor (``torch.cat`` of :attr:`kv_chunks` on the
-        first access, O(hit_len); later accesses return the same tensor)."""
-        if self._indices is None:
-            # torch.cat copies even a single chunk: the caller never aliases a node's value
-            self._indices = torch.cat(self.kv_chunks)
-        return self._indices
-
-    def __repr__(self) -> str:
-        return (
-            f"TreeMatch(best={self.best.id}, hit_len={self.hit_len}, "
-            f"full_kv_hit_len={self.full_kv_hit_len}, chunks={len(self.kv_chunks)})"
-        )
-
-
-class TreeInsert(NamedTuple):
-    """What :meth:`RadixTree.insert` did. The caller frees ``duplicate_kv`` and ``capped_slots``."""
-
-    prefix_len: int  # tokens the tree held already (before any new leaf)
-    mamba_exists: bool  # the end node already had a checkpoint: the caller keeps (and frees) its slot
-    node: TreeNode  # the node ending at len(key); the root for an empty key
-    duplicate_kv: torch.Tensor  # caller's indices at positions >= prev_prefix_len the tree already had
-    capped_slots: list[int]  # checkpoints dropped by the per-path cap
-    new_kv: torch.Tensor | None = None  # the new leaf's KV indices (now the tree's); None: no new leaf
-
-
-@dataclass
-class Freed:
-    """Memory an eviction released from the tree; the cache returns it to the pools."""
-
-    kv: list[torch.Tensor] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    num_tokens: int = 0
-    num_states: int = 0
-    # how long each phase's victims had gone unused (clock ticks since their last access), summed
-    kv_victim_age: int = 0  # over the leaves with a checkpoint KV eviction picked
-    kv_victims: int = 0
-    state_victim_age: int = 0  # over the checkpoints state eviction picked
-    state_victims: int = 0
+# the key and the result records live in their own modules; re-exported here, where callers import them
+__all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch", "VictimObserver", "Walk"]
 
 
 def _empty_kv(device: torch.device) -> torch.Tensor:
@@ -200,7 +65,10 @@ class RadixTree:
     own order. The fast paths, chosen here once (the defaults are the fast forms; the others are the
     references the differential tests build): ``walk``, the walk loop (:func:`mamba_radix.walks.choose_walk`;
     :attr:`walk_kind` says which runs); ``lazy_removal``, ``lazy_stamps`` and ``compact_min_dead``, the
-    eviction index's form (:func:`mamba_radix.eviction.make_index`).
+    eviction index's form (:func:`mamba_radix.eviction.make_index`). ``on_victim``: an observer
+    :meth:`evict` tells each victim's kind and age (:data:`~mamba_radix.tree_results.VictimObserver`), or
+    None; a public attribute, so a component attached to a built cache (the simulator's adaptive split)
+    may set it before the evictions it should see.
     """
 
     def __init__(
@@ -213,8 +81,11 @@ class RadixTree:
         lazy_removal: bool = True,
         lazy_stamps: bool = True,
         compact_min_dead: int = COMPACT_MIN_DEAD,
+        on_victim: VictimObserver | None = None,
     ) -> None:
         self.config = config
+        # told each eviction victim's kind and age (tree_results.VictimObserver); None: nobody listens
+        self.on_victim = on_victim
         self.page_size = config.page_size
         self.device = torch.device(device)
         self.clock = 0
@@ -412,15 +283,7 @@ class RadixTree:
         changed) for a node not in this tree or a namespace other than ``node``'s.
         O(len(key) + path * log n).
         """
-        if not self.is_attached(node):
-            raise InvalidArgument(
-                f"insert_below: node {node.id} is not in this tree; pass a locked last_node"
-            )
-        if node is not self.root and key.extra_key != node.extra_key:
-            raise InvalidArgument(
-                f"insert_below: key namespace {key.extra_key!r} differs from node {node.id}'s "
-                f"{node.extra_key!r}; continue a prefix in its own namespace"
-            )
+        check_insert_below(node, key, self)
         return self._insert_from(node, key, value, mamba_slot, 0)
 
     def _insert_from(
@@ -428,7 +291,7 @@ class RadixTree:
     ) -> TreeInsert:
         tokens = key.token_ids
         num_tokens = len(tokens)
-        self._check_insert_args(num_tokens, value, mamba_slot, prev_prefix_len)
+        check_insert_args(num_tokens, value, mamba_slot, prev_prefix_len, self.page_size, self.slot_owner)
         # read-only, so a refusal changes nothing; key.extra_key is start's namespace (insert_below checked)
         walk = self.walk(key, start)
         path, pos, partial = walk.path, walk.pos, walk.partial
@@ -468,42 +331,6 @@ class RadixTree:
             self.index.touch_mamba(end, now)
             return TreeInsert(start.depth + pos, True, end, duplicate_kv, [])
         return TreeInsert(start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end))
-
-    def _check_insert_args(
-        self, num_tokens: int, value: torch.Tensor, mamba_slot: int, prev_prefix_len: int
-    ) -> None:
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.dim() != 1:
-            got = (
-                f"{value.dtype} tensor of shape {tuple(value.shape)}"
-                if isinstance(value, torch.Tensor)
-                else type(value).__name__
-            )
-            raise InvalidArgument(f"kv indices must be a 1-D int64 tensor, got {got}")
-        if value.shape[0] != num_tokens:  # shape, not len(): a tensor's len() costs a Python-level call
-            raise InvalidArgument(
-                f"kv indices have {value.shape[0]} entries for {num_tokens} tokens; pass one index per token"
-            )
-        if num_tokens % self.page_size:
-            raise InvalidArgument(
-                f"insert of {num_tokens} tokens is not a multiple of page_size={self.page_size}; "
-                "truncate the key to whole pages"
-            )
-        if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
-            raise InvalidArgument(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
-        if not 0 <= prev_prefix_len <= num_tokens or prev_prefix_len % self.page_size:
-            raise InvalidArgument(
-                f"prev_prefix_len={prev_prefix_len} must be a multiple of page_size={self.page_size} "
-                f"in [0, {num_tokens}]"
-            )
-        if isinstance(mamba_slot, bool) or not isinstance(mamba_slot, int) or mamba_slot < 1:
-            raise InvalidArgument(
-                f"mamba_slot must be a state slot id >= 1 (0 is padding), got {mamba_slot!r}"
-            )
-        if mamba_slot in self.slot_owner:
-            raise InvalidArgument(
-                f"mamba_slot {mamba_slot} already belongs to tree node {self.slot_owner[mamba_slot].id}; "
-                "insert a fresh slot (copy the state first)"
-            )
 
     def _add_leaf(
         self,
@@ -566,22 +393,13 @@ class RadixTree:
         return freed.slots
 
     # -------------------------------------------------------------------------------------------- locks
-    def _check_lockable(self, node: TreeNode, verb: str) -> None:
-        if not isinstance(node, TreeNode):
-            raise InvalidArgument(f"{verb} needs a TreeNode, got {type(node).__name__}")
-        if not self.is_attached(node):
-            raise InvalidArgument(
-                f"cannot {verb} node {node.id}: it is no longer in the tree (evicted, or from another "
-                "cache); lock the last_node of a fresh match_prefix"
-            )
-
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock ``node``: a mamba lock on its checkpoint, a full lock on it and every ancestor.
 
         Only a node holding a checkpoint (what match returns) or the root (a no-op) can be locked.
         O(path * log n) for the counter and candidate-set updates on 0->1 transitions.
         """
-        self._check_lockable(node, "lock")
+        check_lockable(node, self, "lock")
         if node is self.root:
             return
         if node.mamba_slot is None:
@@ -609,7 +427,7 @@ class RadixTree:
 
         Raises :class:`InvalidArgument` (nothing changed) if ``node`` holds no lock of its own.
         """
-        self._check_lockable(node, "unlock")
+        check_lockable(node, self, "unlock")
         if node is self.root:
             return
         if node.mamba_slot is None or node.mamba_lock_ref == 0:
@@ -672,27 +490,27 @@ class RadixTree:
         Tokens: unlocked leaves in LRU order, each with its checkpoint and the tombstone cascade.
         States: unlocked checkpoints in ``mamba_eviction_order``; an internal node becomes a tombstone,
         a leaf is removed with its KV. States released by the token phase count towards ``num_states``.
-        O(victims * log n).
+        Each victim with a checkpoint is reported to :attr:`on_victim` (KV-only leaves are not: their loss
+        costs no hit). O(victims * log n).
         """
-        for name, count in (("num_tokens", num_tokens), ("num_states", num_states)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise InvalidArgument(f"{name} must be an int >= 0, got {count!r}")
+        check_count(num_tokens, "num_tokens")
+        check_count(num_states, "num_states")
         freed = Freed()
-        now = self.clock
+        now, observe = self.clock, self.on_victim
         while freed.num_tokens < num_tokens:
             leaf = self._next_full_victim()
             if leaf is None:
                 break
-            if leaf.mamba_slot is not None:  # a KV-only leaf is never the end of a hit: its loss is free
-                freed.kv_victim_age += now - leaf.last_access
-                freed.kv_victims += 1
+            # a KV-only leaf is never the end of a hit: its loss is free, so it is not reported
+            if observe is not None and leaf.mamba_slot is not None:
+                observe("kv", now - leaf.last_access)
             self._remove_leaf(leaf, freed)
         while freed.num_states < num_states:
             node = self._next_mamba_victim()
             if node is None:
                 break
-            freed.state_victim_age += now - node.mamba_last_access
-            freed.state_victims += 1
+            if observe is not None:
+                observe("state", now - node.mamba_last_access)
             if node.children:
                 self._drop_checkpoint(node, freed)
             else:
@@ -701,34 +519,11 @@ class RadixTree:
 
     # ------------------------------------------------------------------------------------------ display
     def pretty_print(self, max_tokens: int = 8) -> str:
-        """A readable dump: one line per node with tokens, KV span, slot, locks and stamps. O(n)."""
-        lines = [
+        """A readable dump: a header with the sizes, then one line per node with tokens, KV span, slot,
+        locks and stamps (:func:`mamba_radix.tree_view.format_nodes`). O(n log n)."""
+        header = (
             f"RadixTree(page_size={self.page_size}, nodes={self.num_nodes}, clock={self.clock}, "
             f"full evictable/protected={self.full_evictable_size}/{self.full_protected_size} tokens, "
             f"mamba evictable/protected={self.mamba_evictable_size}/{self.mamba_protected_size} states)"
-        ]
-
-        def describe(node: TreeNode) -> str:
-            if node is self.root:
-                return "root"
-            head = " ".join(str(t) for t in node.key[:max_tokens])
-            more = f" …(+{len(node.key) - max_tokens})" if len(node.key) > max_tokens else ""
-            ns = f"ns={node.extra_key!r} " if node.extra_key is not None and node.parent is self.root else ""
-            first, last = int(node.value[0]), int(node.value[-1])
-            kv_text = f"kv={first}" if len(node.value) == 1 else f"kv={first}..{last}"
-            state = "tombstone" if node.mamba_slot is None else f"slot={node.mamba_slot}"
-            return (
-                f"#{node.id} {ns}[{head}{more}] len={len(node.key)} end={node.depth} {kv_text} {state} "
-                f"lock={node.full_lock_ref}/{node.mamba_lock_ref} "
-                f"t={node.last_access}/{node.mamba_last_access}"
-            )
-
-        stack: list[tuple[TreeNode, str, str]] = [(self.root, "", "")]
-        while stack:
-            node, prefix, branch = stack.pop()
-            lines.append(prefix + branch + describe(node))
-            children = sorted(node.children.values(), key=lambda c: c.id)
-            child_prefix = prefix + ("" if not branch else ("   " if branch == "└─ " else "│  "))
-            for i, child in enumerate(reversed(children)):
-                stack.append((child, child_prefix, "└─ " if i == 0 else "├─ "))
-        return "\n".join(lines)
+        )
+        return "\n".join([header, *format_nodes(self.root, max_tokens)])

@@ -10,7 +10,7 @@ Three implementations, one result (each is checked against the next by a propert
 - ``general`` (:class:`GeneralWalk`): any page size, namespace and key length, the reference
   (``property_tests/test_tree_walk_fast.py`` checks it against a plain walk over lists too). A key that
   fits the walk's scratch buffer is copied there once and compared in place; a longer one edge by edge
-  (:func:`~mamba_radix.node.prefix_len_in`, numpy in place on long edges).
+  (:func:`~mamba_radix.token_ids.prefix_len_in`, numpy in place on long edges).
 - ``scratch`` (:class:`ScratchWalk`): the common case, page size 1 and no namespace, in Python
   (:func:`walk_in_scratch`): one bound ``startswith`` per whole edge and no page or namespace arithmetic.
   A namespaced key, or one longer than the scratch buffer, takes the general loop.
@@ -33,7 +33,8 @@ from typing import Literal
 
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.native import compiled_paths_enabled
-from mamba_radix.node import TokenIds, TreeNode, child_key, prefix_len_bytes, prefix_len_in
+from mamba_radix.node import TreeNode, child_key
+from mamba_radix.token_ids import TokenIds, prefix_len_bytes, prefix_len_in
 
 try:  # the compiled page-1 loop: optional (setup.py builds it where a C compiler is found)
     from mamba_radix._cwalk import walk_in_scratch as _c_walk_in_scratch

@@ -1,7 +1,9 @@
 """The compiled token-list check (``mamba_radix._ctokens``, issue 12: a compiled core keeps the pure-Python
-path as the reference and a test checks the two agree) against ``_check_token_list_reference``.
+path as the reference and a test checks the two agree) against ``check_token_list_reference``
+(:mod:`mamba_radix.token_checks`).
 
-- ``_check_token_list`` with the compiled check on and the reference alone, on random lists mixing valid
+- the check :func:`make_token_check` chooses with the compiled path on and the reference alone, on random
+  lists mixing valid
   ints (the whole int64 range, its bounds, CPython's one-digit and multi-digit ints), bools, numpy
   integers (in and out of range), floats, None, strings, ints past int64, int subclasses and objects whose
   ``__index__`` returns, overflows or raises: the same ``array('q')`` or the same exception type and
@@ -9,6 +11,8 @@ path as the reference and a test checks the two agree) against ``_check_token_li
 - ``pack_int64`` itself: it takes every list of exact ints in range and bools (so the fast path is really
   the one that runs), and hands back (None) every list holding anything else, and every non-list;
 - a list resized by a finaliser while the array is allocated, references (nothing leaked);
+- the choice is made once, when a lifecycle is built (``compiled_token_check``, default ``MAMBA_RADIX_C``),
+  never by a global switch on the check's path;
 - admission: a bad prompt or output list is refused with the same error and message, the cache unchanged,
   with the compiled check on and off.
 
@@ -18,7 +22,6 @@ check, and the admission tests elsewhere cover it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
 from array import array
@@ -31,8 +34,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mamba_radix import CacheConfig, InvalidArgument, MambaRadixCache, Req
-from mamba_radix import lifecycle as lifecycle_mod
-from mamba_radix.lifecycle import _check_token_list, _check_token_list_reference
+from mamba_radix.lifecycle import RequestLifecycle
+from mamba_radix.native import ENV
+from mamba_radix.token_checks import (
+    check_token_list_reference,
+    compiled_token_check_built,
+    make_token_check,
+)
 
 ctokens = pytest.importorskip("mamba_radix._ctokens", reason="the compiled token check was not built")
 pack_int64 = ctokens.pack_int64
@@ -63,11 +71,29 @@ class Indexable:
         return f"Indexable({self.value!r})"
 
 
-@contextlib.contextmanager
-def c_check_on(on: bool) -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lifecycle_mod, "_C_TOKEN_CHECK", on)
-        yield
+# the two checks a lifecycle can be built with: the compiled fast path (built: the importorskip above)
+# and the reference alone
+compiled_check = make_token_check(True)
+reference_check = make_token_check(False)
+
+
+def test_the_choice_is_made_at_construction() -> None:
+    assert compiled_token_check_built()
+    assert reference_check is check_token_list_reference
+    assert compiled_check is not check_token_list_reference
+    cache = MambaRadixCache.build(CacheConfig(), num_tokens=16, num_slots=4, max_context_len=16)
+    for on in (True, False):
+        lifecycle = RequestLifecycle(cache, compiled_token_check=on)
+        assert (lifecycle.check_tokens is check_token_list_reference) is not on
+    for value, compiled in (("1", True), ("0", False)):  # the default: MAMBA_RADIX_C, read at construction
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(ENV, value)
+            assert (make_token_check() is check_token_list_reference) is not compiled
+            assert (RequestLifecycle(cache).check_tokens is check_token_list_reference) is not compiled
+
+
+def check_for(on: bool) -> Any:
+    return compiled_check if on else reference_check
 
 
 def outcome(call: Any, *args: Any) -> tuple[str, Any]:
@@ -115,18 +141,16 @@ mixed_list_st = st.lists(valid_item_st, max_size=40) | st.lists(
 
 @given(tokens=mixed_list_st)
 def test_compiled_check_agrees_with_the_reference(tokens: list[Any]) -> None:
-    with c_check_on(True):
-        fast = outcome(_check_token_list, list(tokens), WHAT)
-    with c_check_on(False):
-        slow = outcome(_check_token_list, list(tokens), WHAT)
-    assert fast == slow == outcome(_check_token_list_reference, list(tokens), WHAT)
+    fast = outcome(compiled_check, list(tokens), WHAT)
+    slow = outcome(reference_check, list(tokens), WHAT)
+    assert fast == slow == outcome(check_token_list_reference, list(tokens), WHAT)
 
 
 @given(tokens=st.lists(valid_item_st, max_size=60))
 def test_exact_ints_and_bools_take_the_compiled_path(tokens: list[Any]) -> None:
     ids = pack_int64(tokens)
     assert type(ids) is array and ids.typecode == "q"
-    assert ids.tolist() == [int(t) for t in tokens] == _check_token_list_reference(tokens, WHAT).tolist()
+    assert ids.tolist() == [int(t) for t in tokens] == check_token_list_reference(tokens, WHAT).tolist()
 
 
 @given(
@@ -150,7 +174,7 @@ def test_the_int64_bounds_and_a_long_prompt() -> None:
     assert pack_int64([INT64_MAX + 1]) is None and pack_int64([INT64_MIN - 1]) is None
     assert pack_int64([]) == array("q")
     prompt = list(range(-6000, 6000)) + [2**40 + i for i in range(100)]
-    assert pack_int64(prompt) == _check_token_list_reference(prompt, WHAT) == array("q", prompt)
+    assert pack_int64(prompt) == check_token_list_reference(prompt, WHAT) == array("q", prompt)
 
 
 @pytest.mark.parametrize(
@@ -158,8 +182,9 @@ def test_the_int64_bounds_and_a_long_prompt() -> None:
 )
 def test_non_lists_are_handed_back(tokens: Any) -> None:
     assert pack_int64(tokens) is None
-    with c_check_on(True), pytest.raises(InvalidArgument, match="must be a list of int token ids"):
-        _check_token_list(tokens, WHAT)
+    for check in (compiled_check, reference_check):
+        with pytest.raises(InvalidArgument, match="must be a list of int token ids"):
+            check(tokens, WHAT)
 
 
 def test_a_list_subclass_is_handed_back_to_the_reference() -> None:
@@ -169,8 +194,7 @@ def test_a_list_subclass_is_handed_back_to_the_reference() -> None:
 
     tokens = Reversed([1, 2, 3])
     assert pack_int64(tokens) is None
-    with c_check_on(True):
-        assert _check_token_list(tokens, WHAT).tolist() == [3, 2, 1]
+    assert compiled_check(tokens, WHAT).tolist() == [3, 2, 1]
 
 
 def test_a_list_resized_while_the_array_is_allocated() -> None:
@@ -242,22 +266,21 @@ BAD_PROMPTS: list[Any] = [
 @pytest.mark.parametrize("on", [True, False])
 @pytest.mark.parametrize("prompt", BAD_PROMPTS, ids=repr)
 def test_admission_refuses_a_bad_prompt_as_before(on: bool, prompt: Any) -> None:
-    def attempt() -> tuple[Any, tuple]:
+    def attempt(compiled: bool) -> tuple[Any, tuple]:
         cache = MambaRadixCache.build(
             CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True),
             num_tokens=64,
             num_slots=8,
             max_context_len=64,
         )
+        cache.lifecycle = RequestLifecycle(cache, compiled_token_check=compiled)
         before = cache_state(cache)
         result = outcome(cache.admit, Req(rid="r", origin_input_ids=prompt))
         assert cache_state(cache) == before  # a refused admission changes nothing
         return result
 
-    with c_check_on(on):
-        got = attempt()
-    with c_check_on(False):
-        reference = attempt()
+    got = attempt(on)
+    reference = attempt(False)
     assert got == reference and got[0] == "raised" and got[1] is InvalidArgument
 
 
@@ -266,18 +289,18 @@ def test_admission_takes_good_prompts_alike(on: bool) -> None:
     config = CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True)
     for prompt in ([5, 6, 7, True], [np.int64(5), SubInt(6), 7], [0, INT64_MAX, INT64_MIN]):
         cache = MambaRadixCache.build(config, num_tokens=64, num_slots=8, max_context_len=64)
-        with c_check_on(on):
-            req = Req(rid="r", origin_input_ids=list(prompt))
-            assert cache.admit(req)
-            assert cache.lifecycle.checked_tokens[req].tolist() == [int(t) for t in prompt]
+        cache.lifecycle = RequestLifecycle(cache, compiled_token_check=on)
+        req = Req(rid="r", origin_input_ids=list(prompt))
+        assert cache.admit(req)
+        assert cache.lifecycle.checked_tokens[req].tolist() == [int(t) for t in prompt]
 
 
 @pytest.mark.parametrize("error", [ValueError("no index"), TypeError("not today"), OverflowError("too big")])
 def test_an_item_whose_index_raises_is_a_typed_refusal(error: Exception) -> None:
     # whatever an item's __index__ raises comes out as InvalidArgument naming the list, on either path
     for on in (True, False):
-        with c_check_on(on), pytest.raises(InvalidArgument, match="prompt must hold int token ids"):
-            _check_token_list([1, Indexable(error), 3], "prompt")
+        with pytest.raises(InvalidArgument, match="prompt must hold int token ids"):
+            check_for(on)([1, Indexable(error), 3], "prompt")
 
 
 def test_an_int64_array_prompt_is_taken_as_a_copy() -> None:
@@ -285,8 +308,38 @@ def test_an_int64_array_prompt_is_taken_as_a_copy() -> None:
     # takes only lists, hands it over), so a later change to the caller's array changes nothing here
     tokens = array("q", [5, -(2**63), 2**63 - 1])
     for on in (True, False):
-        with c_check_on(on):
-            got = _check_token_list(tokens, WHAT)
+        got = check_for(on)(tokens, WHAT)
         assert got == tokens and got is not tokens
     tokens[0] = 7
     assert got[0] == 5
+
+
+@pytest.mark.parametrize(
+    "bad", [2.5, None, "7", 2**63, np.uint64(2**63), Indexable(ValueError("no"))], ids=repr
+)
+def test_a_decode_extend_refuses_a_bad_sampled_token_alike(bad: Any) -> None:
+    """The sampled tokens are checked by the lifecycle's chosen check at extend: the same refusal, the
+    cache unchanged, and a good token then taken, with the compiled check on and off."""
+
+    def attempt(compiled: bool) -> tuple[Any, list[int]]:
+        cache = MambaRadixCache.build(
+            CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True),
+            num_tokens=64,
+            num_slots=8,
+            max_context_len=64,
+        )
+        cache.lifecycle = RequestLifecycle(cache, compiled_token_check=compiled)
+        req = Req(rid="r", origin_input_ids=[1, 2, 3, 4])
+        assert cache.admit(req, 4)
+        cache.commit(cache.extend(req, 4))
+        req.output_ids.append(bad)
+        before = cache_state(cache)
+        refused = outcome(cache.extend, req, 1)
+        assert cache_state(cache) == before and req.pending_plan is None
+        req.output_ids[-1] = 9
+        cache.commit(cache.extend(req, 1))
+        return refused, cache.lifecycle.checked_tokens[req].tolist()
+
+    got, reference = attempt(True), attempt(False)
+    assert got == reference and got[0][0] == "raised" and got[0][1] is InvalidArgument
+    assert got[1] == [1, 2, 3, 4, 9]

@@ -261,3 +261,34 @@ def test_insert_below_refuses_a_foreign_node_or_namespace() -> None:
         tree.insert_below(node, RadixKey([3], "b"), kv(1), 2)
     assert tree.insert_below(node, RadixKey([3], "a"), kv(1), 2).node.depth == 3
     check_tree_invariants(tree)
+
+
+@pytest.mark.parametrize("kv_only_leaves", [False, True])
+def test_on_victim_hears_each_victim_with_its_age_and_changes_no_eviction(kv_only_leaves: bool) -> None:
+    """The observer given at construction is told (kind, ticks since the victim's last access) once per
+    KV victim holding a checkpoint and once per state victim; a KV-only leaf is not reported. A tree with
+    and one without the observer free the same."""
+    heard: list[tuple[str, int]] = []
+    trees = [
+        RadixTree(
+            CacheConfig(mamba_radix_cache_strategy="no_buffer", mamba_kv_only_leaves=kv_only_leaves),
+            on_victim=lambda kind, age: heard.append((kind, age)),
+        ),
+        make_tree(mamba_kv_only_leaves=kv_only_leaves),
+    ]
+    freed = []
+    for tree in trees:
+        kv = KV()
+        a = tree.insert(RadixKey([1, 2]), kv(2), 1).node  # clock 1
+        tree.insert(RadixKey([1, 2, 3, 4]), torch.cat([a.value, kv(2)]), 2, 2)  # clock 2
+        tree.insert(RadixKey([7, 8]), kv(2), 3)  # clock 3
+        tree.match(RadixKey([7, 8]))  # clock 4: [7 8] is the youngest
+        tree.match(RadixKey([5]))  # clock 5, a miss: only the clock moves
+        got = [tree.evict(num_states=1), tree.evict(num_tokens=2), tree.evict(num_tokens=4)]
+        freed.append([(f.num_tokens, f.num_states, sorted(f.slots)) for f in got])
+        check_tree_invariants(tree)
+    assert freed[0] == freed[1]
+    # a's checkpoint first (stamped at 1: the longer insert stamps only the KV of a, age 4); then the leaf
+    # [3 4] (age 3); then [7 8] (age 1), and with KV-only leaves the tombstone [1 2] before it, unreported
+    assert heard == [("state", 4), ("kv", 3), ("kv", 1)]
+    assert trees[1].on_victim is None

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mamba_radix import CacheConfig, InvalidArgument, RadixKey
-from mamba_radix import node as node_mod
+from mamba_radix import token_ids as token_ids_mod
 from mamba_radix import walks as walks_mod
 from mamba_radix.invariants import check_tree_invariants
 from mamba_radix.node import (
@@ -45,11 +45,11 @@ def tiny_thresholds() -> Iterator[None]:
     compared edge by edge). A context manager, not a fixture: Hypothesis runs many examples per fixture
     instance."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(node_mod, "_NUMPY_MIN_TOKENS", 7)
-        patch.setattr(node_mod, "_NUMPY_CHUNK_TOKENS", 4)
-        patch.setattr(node_mod, "_LINEAR_TOKENS", 2)
+        patch.setattr(token_ids_mod, "_NUMPY_MIN_TOKENS", 7)
+        patch.setattr(token_ids_mod, "_NUMPY_CHUNK_TOKENS", 4)
+        patch.setattr(token_ids_mod, "_LINEAR_TOKENS", 2)
         patch.setattr(walks_mod, "SCRATCH_TOKENS", 2)
-        patch.setattr(node_mod, "_SLICE_COPY_TOKENS", 2)
+        patch.setattr(token_ids_mod, "_SLICE_COPY_TOKENS", 2)
         yield
 
 

@@ -8,14 +8,14 @@ checkpoint is usable only while both survive, so the hit rate follows ``min(T_kv
 given to the pool whose victims are older buy nothing that the other pool does not also keep; moving
 them to the pool whose victims are younger raises the minimum. :class:`AdaptiveSplit` does that: every
 ``every`` finished requests it compares the mean age of each pool's victims since its last decision
-(:class:`~mamba_radix.cache.VictimAges`, in tree clock ticks) and moves ``step_fraction`` of the state
-pool's current bytes (at least one slot's) toward the pool with the younger victims, if it is younger
-by more than ``tolerance``: a step relative to the pool, so a 16-slot pool moves by 2 and a 1,024-slot
-one by 128. A pool
-that evicted nothing has an unbounded T: it gives bytes to the other if the other evicted.
+(:class:`VictimAges`, in tree clock ticks: the observer the cache's tree reports its victims to) and
+moves ``step_fraction`` of the state pool's current bytes (at least one slot's) toward the pool with the
+younger victims, if it is younger by more than ``tolerance``: a step relative to the pool, so a 16-slot
+pool moves by 2 and a 1,024-slot one by 128. A pool that evicted nothing has an unbounded T: it gives
+bytes to the other if the other evicted.
 
 Both pools are built physically for the whole budget (``budget // bytes per unit``) and lent part of it
-through :meth:`~mamba_radix.pools.capacity_limit.CapacityLimit.set_capacity`, so ``used * bytes`` of the
+through :meth:`~mamba_radix.sim.capacity_limit.CapacityLimit.set_capacity`, so ``used * bytes`` of the
 two never exceeds the budget. A shrink first evicts what no longer fits (the cache's own eviction order)
 and never goes below what is allocated, reserved for running requests' decode, or the floors.
 
@@ -34,8 +34,32 @@ from mamba_radix.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.cache import MambaRadixCache
+    from mamba_radix.tree_results import VictimKind
 
-__all__ = ["AdaptiveSplit", "SplitOptions", "SplitStep"]
+__all__ = ["AdaptiveSplit", "SplitOptions", "SplitStep", "VictimAges"]
+
+
+@dataclass
+class VictimAges:
+    """How long the victims of each pool's eviction had gone unused (tree clock ticks since their last
+    access), summed since the split attached. Under LRU the victim's age is the pool's characteristic time
+    (Che's approximation: an entry is hit iff it is reused within it). Called by the tree
+    (:attr:`~mamba_radix.tree.RadixTree.on_victim`) once per victim: a leaf with a checkpoint KV eviction
+    picked (``"kv"``; a KV-only leaf costs no hit and is not reported) or a checkpoint state eviction
+    picked (``"state"``). O(1) a call."""
+
+    kv_age: int = 0
+    kv_victims: int = 0
+    state_age: int = 0
+    state_victims: int = 0
+
+    def __call__(self, kind: VictimKind, age_ticks: int) -> None:
+        if kind == "kv":
+            self.kv_age += age_ticks
+            self.kv_victims += 1
+        else:
+            self.state_age += age_ticks
+            self.state_victims += 1
 
 
 @dataclass(frozen=True)
@@ -93,6 +117,7 @@ class AdaptiveSplit:
     kv_tokens: int
     state_slots: int
     history: list[SplitStep] = field(default_factory=list)
+    victim_ages: VictimAges = field(default_factory=VictimAges)
     _finished: int = 0
     _seen: tuple[int, int, int, int] = (0, 0, 0, 0)
 
@@ -114,9 +139,15 @@ class AdaptiveSplit:
         return self.budget_bytes // self.bytes_per_state_slot
 
     def attach(self, cache: MambaRadixCache) -> None:
-        """Lend the pools of ``cache`` (built at the physical sizes) the starting split. O(1)."""
+        """Lend the pools of ``cache`` (built at the physical sizes) the starting split, and make
+        :attr:`victim_ages` the observer of its tree's evictions (before any: attach a fresh cache).
+        Raises :class:`ConfigError` for a paged cache or a tree that reports to another observer. O(1)."""
         if cache.config.page_size != 1:
             raise ConfigError("the adaptive split moves single KV tokens; use page_size 1")
+        tree = cache.tree
+        if tree.on_victim is not None and tree.on_victim is not self.victim_ages:
+            raise ConfigError("the cache's tree already reports its eviction victims to another observer")
+        tree.on_victim = self.victim_ages
         cache.token_to_kv_pool_allocator.set_capacity(self.kv_tokens)
         cache.mamba_pool.set_capacity(self.state_slots)
 
@@ -127,7 +158,7 @@ class AdaptiveSplit:
         self._finished += 1
         if self._finished % self.options.every:
             return None
-        ages = cache.victim_ages
+        ages = self.victim_ages
         now = (ages.kv_age, ages.kv_victims, ages.state_age, ages.state_victims)
         kv_age, kv_n, state_age, state_n = (a - b for a, b in zip(now, self._seen, strict=True))
         self._seen = now
