@@ -25,16 +25,14 @@ from itertools import islice
 from typing import Any
 
 from mamba_radix.capacity import (
-    MemoryBudget,
-    Parallelism,
     RequestShape,
     SizingInputs,
     Workload,
     expected_workload_checkpoints,
-    load_model,
     plan,
 )
 from mamba_radix.config import CacheConfig
+from mamba_radix.defaults import deployment_for
 from mamba_radix.sim import budget as sim_budget
 from mamba_radix.sim.engine import Engine, EngineOptions
 from mamba_radix.sim.synthetic import GENERATORS
@@ -78,17 +76,9 @@ def load_requests(args: argparse.Namespace) -> list[TraceRequest]:
 
 
 def sizing_inputs(args: argparse.Namespace, config: CacheConfig, ratio: float) -> SizingInputs:
-    """The deployment the simulator's budget module sizes (TP8, bf16 KV and states), for the planner."""
-    return SizingInputs(
-        model=load_model(args.model),
-        parallelism=Parallelism(tp_size=sim_budget.DEFAULT_TP_SIZE),
-        cache=config,
-        kv_cache_dtype=sim_budget.DEFAULT_KV_CACHE_DTYPE,
-        mamba_ssm_dtype=sim_budget.DEFAULT_MAMBA_SSM_DTYPE,
-        mamba_conv_dtype=sim_budget.DEFAULT_MAMBA_CONV_DTYPE,
-        budget=MemoryBudget(args.memory_budget_gb),
-        mamba_full_memory_ratio=ratio,
-    )
+    """The deployment the simulator's budget module sizes (the model's defaults: Kimi K3 at TP8, bf16
+    KV and states), for the planner: :func:`mamba_radix.sim.budget.sizing_inputs`, the one home."""
+    return sim_budget.sizing_inputs(config, args.model, args.memory_budget_gb, ratio)
 
 
 @dataclass
@@ -215,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     bal = base.balance
     print(
         f"workload: {len(reqs)} requests from {workload.source}, mean input {workload.mean_input_len:,.0f}, "
-        f"mean output {workload.mean_output_len:,.0f}; {args.model} TP{sim_budget.DEFAULT_TP_SIZE}, "
+        f"mean output {workload.mean_output_len:,.0f}; {args.model} TP{deployment_for(args.model).tp_size}, "
         f"{args.memory_budget_gb} GiB per rank, {config.strategy}, chunked prefill {config.chunked_prefill_size}"
     )
     print(

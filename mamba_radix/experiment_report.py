@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mamba_radix.sim.reference import match_reference
+
 __all__ = ["BASELINE", "fractions", "gap_closed", "oracle_exceeded", "reference_comparison", "write_all"]
 
 REGIMES = ("slots bind", "KV binds")
@@ -112,7 +114,6 @@ def reference_comparison(
         return ["The definition names no reference results."]
     if reference is None:
         return [f"Reference {name}: no comparison."]
-    ref = {(*_key(r), r["policy"]): r for r in reference}
     sizes = {(r["workload"]): r["requests"] for r in rows}
     ref_sizes = {(r["workload"]): r["requests"] for r in reference}
     other = [w for w in sizes if w in ref_sizes and ref_sizes[w] != sizes[w]]
@@ -123,17 +124,19 @@ def reference_comparison(
             + ", ".join(f"{w} ({sizes[w]:,} requests here, {ref_sizes[w]:,} in the reference)" for w in other)
             + "."
         )
-    same, differ, missing = 0, [], 0
-    for r in rows:
-        if r["workload"] in other:
-            continue
-        b = ref.get((*_key(r), r["policy"]))
-        if b is None or (b["kv_tokens"], b["state_slots"]) != (r["kv_tokens"], r["state_slots"]):
-            missing += 1
-        elif b["token_hit_rate"] == r["token_hit_rate"]:
-            same += 1
-        else:
-            differ.append((r, b))
+    matches = match_reference(
+        (r for r in rows if r["workload"] not in other),
+        reference,
+        key=lambda r: (*_key(r), r["policy"]),
+        identical=lambda r, b: b["token_hit_rate"] == r["token_hit_rate"],
+        counterpart=lambda r, b: (b["kv_tokens"], b["state_slots"]) == (r["kv_tokens"], r["state_slots"]),
+    )
+    same = sum(m.identical for m in matches)
+    missing = sum(m.reference is None for m in matches)
+    differ: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for m in matches:
+        if m.reference is not None and not m.identical:
+            differ.append((m.run, m.reference))
     compared = same + len(differ)
     if compared:
         lines.append(

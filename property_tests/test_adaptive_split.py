@@ -16,6 +16,7 @@ from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError, InvalidArgument
 from mamba_radix.pools import MambaPool, TokenToKVPoolAllocator
 from mamba_radix.sim.budget import PoolSizes
+from mamba_radix.sim.capacity_limit import LimitedKVAllocator, LimitedMambaPool
 from mamba_radix.sim.engine import Engine, EngineOptions
 from mamba_radix.sim.split import AdaptiveSplit, SplitOptions
 from mamba_radix.sim.synthetic import GENERATORS
@@ -33,7 +34,7 @@ def pools(kv_tokens: int, slots: int) -> PoolSizes:
 
 # ----------------------------------------------------------------------------------- pool capacity
 def test_a_lowered_capacity_limits_available_size_and_alloc() -> None:
-    kv = TokenToKVPoolAllocator(10)
+    kv = LimitedKVAllocator(10)
     kv.set_capacity(6)
     assert (kv.capacity, kv.available_size()) == (6, 6)
     taken = kv.alloc(4)
@@ -44,7 +45,7 @@ def test_a_lowered_capacity_limits_available_size_and_alloc() -> None:
 
 
 def test_a_state_pool_capacity_covers_alloc_as_list_and_fork() -> None:
-    pool = MambaPool(8, 1, [(2,)], (2,))
+    pool = LimitedMambaPool(8, 1, [(2,)], (2,))
     pool.set_capacity(3)
     assert pool.alloc(2, as_list=True) is not None
     src = pool.alloc(1)
@@ -53,9 +54,33 @@ def test_a_state_pool_capacity_covers_alloc_as_list_and_fork() -> None:
     assert pool.fork(int(src[0]), 1) is None and pool.used == 3
 
 
+def test_the_core_pools_carry_no_capacity_hook() -> None:
+    """The capacity limit is the simulator's (``mamba_radix.sim.capacity_limit``): the core pools have no
+    ``set_capacity``, and a run without a split builds plain core pools (``MambaRadixCache.build``)."""
+    assert not hasattr(TokenToKVPoolAllocator(4), "set_capacity")
+    assert not hasattr(MambaPool(4, 1, [(2,)], (2,)), "withheld")
+    engine = Engine(CONFIG, pools(400, 20), 64)
+    assert type(engine.kv_pool) is TokenToKVPoolAllocator and type(engine.mamba_pool) is MambaPool
+    assert (engine.kv_pool.size, engine.mamba_pool.size) == (400, 20)
+
+
+def test_limited_pools_at_full_capacity_hand_out_what_the_core_pools_do() -> None:
+    kv, core_kv = LimitedKVAllocator(16), TokenToKVPoolAllocator(16)
+    states, core_states = LimitedMambaPool(6, 1, [(2,)], (2,)), MambaPool(6, 1, [(2,)], (2,))
+    for n in (3, 5, 0, 8):
+        a, b = kv.alloc(n), core_kv.alloc(n)
+        assert (a is None and b is None) or (a is not None and b is not None and a.equal(b))
+    kv.free(torch.tensor([2, 3]))
+    core_kv.free(torch.tensor([2, 3]))
+    assert kv.available_size() == core_kv.available_size() and kv.alloc(2).equal(core_kv.alloc(2))  # type: ignore[union-attr]
+    assert states.alloc(2, as_list=True) == core_states.alloc(2, as_list=True)
+    assert states.alloc(5) is None and core_states.alloc(5) is None
+    assert states.available_size() == core_states.available_size() == 4
+
+
 @pytest.mark.parametrize("capacity", [-1, 11, 2, True])
 def test_an_impossible_capacity_is_refused_and_changes_nothing(capacity: Any) -> None:
-    kv = TokenToKVPoolAllocator(10)
+    kv = LimitedKVAllocator(10)
     kv.alloc(3)
     with pytest.raises(InvalidArgument):
         kv.set_capacity(capacity)  # below the 3 in use, past the size, or not a count

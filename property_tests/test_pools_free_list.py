@@ -210,6 +210,13 @@ class FreeListDifferential(RuleBasedStateMachine):
     def merge(self):
         self.both(lambda fl: fl.merge())
 
+    @rule()
+    def clear(self):
+        """Every id free again, handed out from 1 (the host list: lazily, clearing only the bitmap bytes
+        of ids it ever listed)."""
+        self.both(lambda fl: fl.clear())
+        self.held = []
+
     @invariant()
     def agree_with_each_other_and_the_model(self):
         host, dev = (state(fl) for fl in self.lists)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mamba_radix.config import CacheConfig
-from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.errors import InvalidArgument, InvalidIndex, InvariantError
 from mamba_radix.pools import HybridReqToTokenPool, MambaPool
 from mamba_radix.request import Req
 
@@ -264,6 +264,124 @@ def test_lazy_methods_need_the_lazy_strategy():
         p.lazy_release_old_slot(r)
 
 
+# ----------------------------------------------------------------------------------------- hand-over
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_release_slot_gives_up_the_live_slot_without_freeing_it(kind):
+    """After release_slot the request keeps its row and track buffer, the live slot stays allocated (now
+    the tree's) and is in no record of the pool; the audit holds; reclaim_slot restores the exact state."""
+    p = make(kind)
+    r, other = req(0), req(1)
+    p.alloc([r, other])
+    before, before_req = pool_state(p), req_state(r)
+    live, track = r.mamba_pool_idx, list(r.mamba_ping_pong_track_buffer or [])
+    p.release_slot(r, live)
+    assert r.mamba_pool_idx is None and r.req_pool_idx == before_req[0]
+    assert list(r.mamba_ping_pong_track_buffer or []) == track
+    assert bool(p.mamba_pool.is_allocated([live])[0])  # not freed: the new owner's
+    assert not p.is_slot_held(live) and p.slot_holder(live) is None
+    assert p.num_reserved_slots() == before[2] - 1
+    assert live not in p.reserved_slots()
+    assert p.mamba_pool.allocated_slots().tolist() == before[1]
+    assert_mappings_match(p, [r, other])
+    p.audit()
+    p.reclaim_slot(r, live)
+    assert pool_state(p) == before and req_state(r) == before_req
+    assert p.slot_holder(live) is r
+    p.audit()
+
+
+def test_release_then_finish_frees_only_the_track_buffer():
+    p = make("eager_p2")
+    r = req(0)
+    p.alloc([r])
+    live = r.mamba_pool_idx
+    p.release_slot(r, live)
+    p.free_mamba_cache(r)  # the track buffer only: the live slot is no longer the request's
+    assert p.mamba_pool.allocated_slots().tolist() == [live] and p.num_reserved_slots() == 0
+    p.free(r)
+    p.audit()
+
+
+def test_release_and_reclaim_refusals_change_nothing():
+    p = make("eager_p2")
+    r, other, stranger = req(0), req(1), req(2)
+    p.alloc([r, other])
+    tree_slot = int(p.mamba_pool.alloc(1)[0])  # allocated, held by no request (a tree checkpoint)
+    before, before_req = pool_state(p), req_state(r)
+    track0 = r.mamba_ping_pong_track_buffer[0]
+    refusals = [
+        (lambda: p.release_slot(r, track0), InvalidArgument, "track buffer"),
+        (lambda: p.release_slot(r, other.mamba_pool_idx), InvalidArgument, "not one of its slots"),
+        (lambda: p.release_slot(r, tree_slot), InvalidArgument, "not one of its slots"),
+        (lambda: p.release_slot(r, 1.0), InvalidArgument, "must be an int"),
+        (lambda: p.release_slot(r, True), InvalidArgument, "must be an int"),
+        (lambda: p.release_slot(stranger, 3), InvalidArgument, "not admitted"),
+        (lambda: p.release_slot(object(), 3), InvalidArgument, "takes a Req"),
+        (lambda: p.reclaim_slot(r, tree_slot), InvalidArgument, "already holds live slot"),
+    ]
+    for call, error, message in refusals:
+        with pytest.raises(error, match=message):
+            call()
+        assert pool_state(p) == before and req_state(r) == before_req
+    live = r.mamba_pool_idx
+    p.release_slot(r, live)
+    released = pool_state(p), req_state(r)
+    free_slot = next(s for s in range(1, 13) if not bool(p.mamba_pool.is_allocated([s])[0]))
+    for call, error, message in [
+        (lambda: p.reclaim_slot(r, other.mamba_pool_idx), InvalidArgument, "held by running request"),
+        (lambda: p.reclaim_slot(r, track0), InvalidArgument, "held by running request"),
+        (lambda: p.reclaim_slot(r, free_slot), InvalidIndex, "not allocated"),
+        (lambda: p.reclaim_slot(r, "1"), InvalidArgument, "must be an int"),
+        (lambda: p.reclaim_slot(stranger, live), InvalidArgument, "not admitted"),
+        (lambda: p.release_slot(r, live), InvalidArgument, "not one of its slots"),
+    ]:
+        with pytest.raises(error, match=message):
+            call()
+        assert (pool_state(p), req_state(r)) == released
+    p.reclaim_slot(r, live)
+    assert pool_state(p) == before and req_state(r) == before_req
+
+
+def test_release_slot_refuses_a_request_whose_slots_changed_behind_the_pool():
+    p = make("no_buffer")
+    r = req(0)
+    p.alloc([r])
+    stolen = int(p.mamba_pool.alloc(1)[0])
+    r.mamba_pool_idx = stolen  # rewritten outside the pool
+    with pytest.raises(InvalidArgument, match="does not record"):
+        p.release_slot(r, stolen)
+    assert p.is_slot_held(stolen) is False and p.num_reserved_slots() == 1
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        ("count", "num_reserved_slots"),
+        ("record", "owner record"),
+        ("mapping", "device slot mappings"),
+        ("freed", "not allocated in the state pool"),
+    ],
+)
+def test_audit_catches_a_stale_slot_record(corrupt, message):
+    """The audit is what keeps release_slot honest: a release that forgot the count, the owner record or
+    the mapping, or a held slot freed under the request, is reported."""
+    p = make("eager_p2")
+    r = req(0)
+    p.alloc([r])
+    p.audit()
+    live = r.mamba_pool_idx
+    if corrupt == "count":
+        p._num_reserved -= 1
+    elif corrupt == "record":
+        p._slot_row.pop(live)
+    elif corrupt == "mapping":
+        p.req_index_to_mamba_index_mapping[r.req_pool_idx] = 0
+    else:
+        p.mamba_pool.free([live])
+    with pytest.raises(InvariantError, match=message):
+        p.audit()
+
+
 def test_clear_resets_rows_slots_and_mappings():
     p = make("eager_p2")
     p.alloc([req(0), req(1)])
@@ -370,6 +488,8 @@ class HybridAdmissionMachine(RuleBasedStateMachine):
         if what == "row":
             intruder.req_pool_idx = victim.req_pool_idx
         elif what == "live":
+            if victim.mamba_pool_idx is None:  # its live slot was handed to the tree
+                return
             intruder.mamba_pool_idx = victim.mamba_pool_idx
         else:
             track = [s for s in victim.mamba_ping_pong_track_buffer or [] if s != -1]
@@ -412,6 +532,29 @@ class HybridAdmissionMachine(RuleBasedStateMachine):
         self.pool.free(r)
         self.running.remove(r)
 
+    @precondition(lambda self: any(r.mamba_pool_idx is not None for r in self.running))
+    @rule(data=st.data(), refused=st.booleans())
+    def hand_live_slot_to_tree(self, data, refused):
+        """SGLang's insert of a running request's live slot: released to the tree; a refused insert
+        reclaims it and leaves the pool exactly as it was."""
+        r = data.draw(st.sampled_from([r for r in self.running if r.mamba_pool_idx is not None]))
+        before, before_req = pool_state(self.pool), req_state(r)
+        slot = r.mamba_pool_idx
+        self.pool.release_slot(r, slot)
+        if refused:
+            self.pool.reclaim_slot(r, slot)
+            assert pool_state(self.pool) == before and req_state(r) == before_req
+        else:
+            self.tree.add(slot)
+
+    @precondition(lambda self: self.tree and any(r.mamba_pool_idx is None for r in self.running))
+    @rule(data=st.data())
+    def reclaim_from_tree(self, data):
+        r = data.draw(st.sampled_from([r for r in self.running if r.mamba_pool_idx is None]))
+        slot = data.draw(st.sampled_from(sorted(self.tree)))
+        self.pool.reclaim_slot(r, slot)
+        self.tree.remove(slot)
+
     @precondition(lambda self: self.tree)
     @rule(data=st.data())
     def tree_evicts(self, data):
@@ -435,6 +578,10 @@ class HybridAdmissionMachine(RuleBasedStateMachine):
         assert self.pool.mamba_pool.available_size() + self.pool.mamba_pool.used == self.SLOTS
         assert self.pool.used == len(self.running)
         assert_mappings_match(self.pool, self.running)
+
+    @invariant()
+    def pool_audit_holds(self):
+        self.pool.audit()
 
     @invariant()
     def owner_records_match_the_requests(self):

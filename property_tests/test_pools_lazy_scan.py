@@ -56,3 +56,24 @@ def test_a_scan_merge_lists_lazily_and_hands_out_the_free_ids_in_order(num_ids: 
     assert rest is not None
     assert rest.tolist() == list(range(3, num_ids + 1, 2))
     assert fl.available == 0 and fl._unlisted == 0
+
+
+def test_a_fresh_list_materialises_only_what_it_hands_out_and_clear_starts_over() -> None:
+    """A fresh host list holds no id array of its capacity: ids are listed LIST_CHUNK at a time as
+    allocations reach them, 1, 2, 3 ... in order; after clear the same ids come out again, and only the
+    bitmap bytes of ids ever listed needed clearing (the rest were never written)."""
+    num_ids = 1 << 24
+    fl = HostFreeList(num_ids, torch.device("cpu"), True, "KV index")
+    assert len(fl._buf) == 0 and fl._unlisted == num_ids and fl.available == num_ids
+    got = fl.alloc(5)
+    assert got is not None and got.tolist() == [1, 2, 3, 4, 5]
+    assert len(fl._buf) == HostFreeList.LIST_CHUNK  # one segment listed, not the capacity
+    more = fl.alloc(HostFreeList.LIST_CHUNK)  # crosses into a second segment
+    assert more is not None and more.tolist() == list(range(6, HostFreeList.LIST_CHUNK + 6))
+    fl.free(got)
+    fl.audit()
+    fl.clear()
+    assert fl.available == num_ids and not bool(fl.allocated.any())
+    again = fl.alloc(3)
+    assert again is not None and again.tolist() == [1, 2, 3]
+    fl.audit()

@@ -79,6 +79,41 @@ def test_clear_frees_rows_and_zeroes_the_table():
     assert pool.available_size() == 2 and int(pool.req_to_token.sum()) == 0
 
 
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def test_a_table_sized_for_capacity_is_resident_only_where_written():
+    """1 GiB of table (4,096 rows of 65,536 positions) costs the rows written, not the capacity."""
+    before = _rss_bytes()
+    if before is None:
+        pytest.skip("no /proc/self/status on this system")
+    pool = ReqToTokenPool(4095, 65536)
+    (row,) = pool.alloc(1)
+    pool.write(row, 0, torch.arange(1, 65537, dtype=torch.int64))
+    grown = _rss_bytes() - before  # type: ignore[operator]
+    assert grown < 64 << 20, f"the request table made {grown / 2**20:.0f} MiB resident"
+    assert int(pool.req_to_token[row, -1]) == 65536 and int(pool.req_to_token[4095].abs().sum()) == 0
+
+
+def test_clear_zeroes_every_row_ever_handed_out():
+    """clear zeroes only the rows up to the highest ever handed out, which are all a table was written
+    in: the whole table reads zero afterwards, also rows freed before the clear."""
+    pool = ReqToTokenPool(6, 8)
+    rows = pool.alloc(4)
+    for row in rows:
+        pool.write(row, 0, torch.full((8,), row, dtype=torch.int64))
+    pool.free(rows[1:3])
+    pool.req_to_token[0, :2] = 7  # a padded batch's dummy write lands in row 0
+    pool.clear()
+    assert int(pool.req_to_token.abs().sum()) == 0
+    assert pool.alloc(6) == [1, 2, 3, 4, 5, 6]
+
+
 class ReqToTokenMachine(RuleBasedStateMachine):
     SIZE = 6
 

@@ -129,3 +129,25 @@ def test_the_bundled_reference_matches_the_committed_reference_run() -> None:
         for r in full:
             r.pop("timeseries", None)
         assert sorted(full, key=lambda r: r["run_id"]) == bundled, name
+
+
+def test_match_reference_keeps_order_and_counts_a_wrong_counterpart_as_none() -> None:
+    """The one matching rule both reports use (:mod:`mamba_radix.sim.reference`): each run in order,
+    the last reference record of its key, none where ``counterpart`` refuses it."""
+    from mamba_radix.sim.reference import match_reference
+
+    runs = [{"k": 2, "v": 1, "pool": 8}, {"k": 1, "v": 5, "pool": 8}, {"k": 3, "v": 0, "pool": 8}]
+    ref = [{"k": 1, "v": 4, "pool": 8}, {"k": 1, "v": 5, "pool": 8}, {"k": 2, "v": 1, "pool": 9}]
+    got = match_reference(
+        runs,
+        ref,
+        key=lambda r: r["k"],
+        identical=lambda r, b: r["v"] == b["v"],
+        counterpart=lambda r, b: r["pool"] == b["pool"],
+    )
+    assert [m.run["k"] for m in got] == [2, 1, 3]
+    assert [m.reference for m in got] == [None, ref[1], None]
+    assert [m.identical for m in got] == [False, True, False]
+    plain = match_reference(runs, ref, key=lambda r: r["k"], identical=lambda r, b: r["v"] == b["v"])
+    assert [m.reference for m in plain] == [ref[2], ref[1], None]
+    assert [m.identical for m in plain] == [True, True, False]

@@ -32,9 +32,22 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 def _pool(
-    num_slots: int, layers: int, conv: list[tuple[int, ...]], dtypes: list[torch.dtype], seed: int
+    num_slots: int,
+    layers: int,
+    conv: list[tuple[int, ...]],
+    dtypes: list[torch.dtype],
+    seed: int,
+    compiled_copy: bool | None = None,
 ) -> MambaPool:
-    pool = MambaPool(num_slots, layers, conv, (3, 2), conv_dtypes=dtypes[:-1], temporal_dtype=dtypes[-1])
+    pool = MambaPool(
+        num_slots,
+        layers,
+        conv,
+        (3, 2),
+        conv_dtypes=dtypes[:-1],
+        temporal_dtype=dtypes[-1],
+        compiled_copy=compiled_copy,
+    )
     gen = torch.Generator().manual_seed(seed)
     for t in pool.tensors:  # random bytes, NaN patterns included: the comparison is of bytes, not values
         raw = t.view(torch.uint8)
@@ -72,21 +85,42 @@ def test_compiled_copy_matches_the_reference_byte_for_byte(
     naive.copy_slot_ints(reference.tensors, src, dst, reference._host_byte_views())
     assert _bytes(compiled) == _bytes(reference)
     # and through the pool's trusted one-slot path, compiled on and off
-    on = _pool(size, spec["layers"], spec["conv"], chosen, spec["seed"])
-    off = _pool(size, spec["layers"], spec["conv"], chosen, spec["seed"])
+    on = _pool(size, spec["layers"], spec["conv"], chosen, spec["seed"], compiled_copy=True)
+    off = _pool(size, spec["layers"], spec["conv"], chosen, spec["seed"], compiled_copy=False)
     if src and dst and src != dst:
         a_on, a_off = on.alloc(2, as_list=True), off.alloc(2, as_list=True)
         assert a_on == a_off
         on.copy_from([a_on[0]], [a_on[1]], check=False)
-        saved = mamba_pool_mod._C_STATE_COPY
-        mamba_pool_mod._C_STATE_COPY = False
-        try:
-            off.copy_from([a_off[0]], [a_off[1]], check=False)
-        finally:
-            mamba_pool_mod._C_STATE_COPY = saved
+        off.copy_from([a_off[0]], [a_off[1]], check=False)
         assert _bytes(on) == _bytes(off)
         for t in on.tensors:  # the copy happened: the destination row is the source row in every layer
             assert t[:, a_on[1]].view(torch.uint8).equal(t[:, a_on[0]].view(torch.uint8))
+
+
+def test_the_copy_is_chosen_once_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compiled_copy`` (or ``MAMBA_RADIX_C`` when it is None) picks the copy when the pool is built: a
+    pool built with the switch off keeps the reference after the switch is turned back on, and the
+    other way round; both copy the same bytes."""
+    assert mamba_pool_mod.compiled_copy_row(True) is copy_row
+    assert mamba_pool_mod.compiled_copy_row(False) is None
+    monkeypatch.setenv("MAMBA_RADIX_C", "0")
+    off = _pool(4, 2, [(2, 3)], [torch.bfloat16, torch.float32], seed=3)
+    monkeypatch.setenv("MAMBA_RADIX_C", "1")
+    on = _pool(4, 2, [(2, 3)], [torch.bfloat16, torch.float32], seed=3)
+    assert off._copy_row is None and on._copy_row is copy_row
+    calls: list[tuple[int, int]] = []
+
+    def counting(buffers: list, src: int, dst: int) -> bool:
+        calls.append((src, dst))
+        return copy_row(buffers, src, dst)
+
+    monkeypatch.setattr(mamba_pool_mod, "_c_copy_row", counting)  # read by pools built from now on
+    counted = _pool(4, 2, [(2, 3)], [torch.bfloat16, torch.float32], seed=3)
+    for pool in (off, on, counted):
+        a = pool.alloc(2, as_list=True)
+        assert a is not None
+        pool.copy_slot(a[0], a[1])
+    assert calls == [tuple(a)] and _bytes(off) == _bytes(on) == _bytes(counted)
 
 
 def test_a_copy_moves_exactly_one_row_of_every_layer() -> None:

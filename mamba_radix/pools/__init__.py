@@ -44,7 +44,8 @@ def make_kv_allocator(
 ) -> KVAllocator:
     """The KV index allocator for ``page_size`` (the one rule: token-granular at 1, paged above), over
     ``num_tokens`` indices (paged: a multiple of ``page_size``, else :class:`InvalidArgument`).
-    O(num_tokens) to build the free list."""
+    O(num_tokens) to build the free list on a device; O(1) on the CPU, whose free list and bitmaps
+    become resident only as far as indices are handed out (:class:`~.host_free_list.HostFreeList`)."""
     if page_size == 1:
         return TokenToKVPoolAllocator(num_tokens, device, backend=backend)
     return PagedTokenToKVPoolAllocator(num_tokens, page_size, device, backend=backend)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.errors import InvalidArgument, InvalidIndex, check_count
 
 __all__ = [
     "IndexLike",
@@ -26,6 +26,7 @@ __all__ = [
     "check_no_duplicates",
     "check_size",
     "check_slot_int",
+    "lazy_zeros",
     "resolve_device",
 ]
 
@@ -33,13 +34,6 @@ IndexLike = torch.Tensor | int | Sequence[int]
 
 _INTEGER_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def check_count(value: object, what: str) -> int:
-    """``value`` as a non-negative int, or :class:`InvalidArgument` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{what} must be a non-negative int, got {value!r}")
-    return value
 
 
 def check_size(value: object, what: str) -> int:
@@ -114,6 +108,29 @@ def allocate_tensor(what: str, make, *args, **kwargs) -> torch.Tensor:
     try:
         return make(*args, **kwargs)
     except (RuntimeError, MemoryError) as exc:
+        raise InvalidArgument(
+            f"cannot allocate {what} ({str(exc).splitlines()[0][:200]}); choose smaller pool sizes"
+        ) from None
+
+
+def lazy_zeros(
+    what: str, shape: int | tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A zero-filled tensor whose host memory becomes resident only where it is written.
+
+    On the CPU the memory comes from ``np.zeros`` (``calloc``: a large block is fresh pages from the
+    kernel, zero without being written) and the tensor is a view of it; ``torch.zeros`` would write every
+    byte at once, making a table sized for capacity (a request table of every running request times the
+    longest context, a bitmap of every KV index) resident although only the rows and ids in use are ever
+    written. Reads of unwritten pages cost no memory either (the kernel's shared zero page). On any other
+    device it is ``torch.zeros``. Allocation failures become :class:`InvalidArgument` as in
+    :func:`allocate_tensor`. O(1) on the CPU (no pass over the memory), O(size) elsewhere."""
+    if device.type != "cpu":
+        return allocate_tensor(what, torch.zeros, shape, dtype=dtype, device=device)
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    try:
+        return torch.from_numpy(np.zeros(shape, dtype=np_dtype))
+    except (ValueError, MemoryError) as exc:
         raise InvalidArgument(
             f"cannot allocate {what} ({str(exc).splitlines()[0][:200]}); choose smaller pool sizes"
         ) from None

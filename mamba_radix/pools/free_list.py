@@ -41,6 +41,7 @@ from mamba_radix.pools._indices import (
     check_fits,
     check_in_range,
     check_no_duplicates,
+    lazy_zeros,
 )
 
 __all__ = ["FreeList", "FreeListBatching"]
@@ -71,10 +72,10 @@ class FreeList:
         # bitmap (1 byte) + duplicate-check scratch (4) + free list buffer (8) per id
         check_fits(device, (num_ids + 2) * 13, f"a free list of {num_ids} {what}s")
         # [0] padding and [num_ids + 1] sentinel stay False forever (see the module docstring).
-        self.allocated = allocate_tensor(
-            "the allocation bitmap", torch.zeros, num_ids + 2, dtype=torch.bool, device=device
-        )
-        # Scratch for the O(k) duplicate check; contents are meaningless between calls.
+        # lazy_zeros: on the CPU resident only where ids were ever marked (the ids in use, not capacity)
+        self.allocated = lazy_zeros("the allocation bitmap", num_ids + 2, torch.bool, device)
+        # Scratch for the O(k) duplicate check; contents are meaningless between calls. torch.empty of a
+        # large size is fresh pages too: resident only where ids were ever checked.
         self._scratch = allocate_tensor(
             "the free list scratch", torch.empty, num_ids + 2, dtype=torch.int32, device=device
         )
@@ -82,15 +83,21 @@ class FreeList:
 
     # ------------------------------------------------------------------------------------------ state
     def clear(self) -> None:
-        """Free every id: the free list becomes ``1..num_ids`` in order. O(num_ids)."""
-        self._set_buffer(torch.arange(1, self.num_ids + 1, dtype=torch.int64, device=self.device))
+        """Free every id: the free list becomes ``1..num_ids`` in order. O(num_ids) here (an ``arange``
+        and a zeroed bitmap); :class:`HostFreeList` lists the ids lazily (O(ids ever handed out))."""
         self._released: list = []  # freed chunks, not merged yet
         self._num_released = 0
         self._group: list | None = None  # chunks freed inside an open group
         self._num_in_group = 0
         self._pre_merge: tuple | None = None  # what the last alloc's merge replaced (see undo_alloc)
-        # Free ids of the last merge not listed in _buf yet (HostFreeList's lazy bitmap scan; always 0 for
-        # this class): they are the free, not pending bits at positions >= _scan_pos, in order.
+        self._reset_free_ids()
+
+    def _reset_free_ids(self) -> None:
+        """Every id free and listed in order, the bitmap cleared (the representation's part of
+        :meth:`clear`)."""
+        self._set_buffer(torch.arange(1, self.num_ids + 1, dtype=torch.int64, device=self.device))
+        # Free ids not listed in _buf yet (HostFreeList's lazy listing; always 0 for this class): they
+        # are the free, not pending bits at positions >= _scan_pos, in order.
         self._unlisted = 0
         self._scan_pos = self.num_ids + 1
         self.allocated.zero_()

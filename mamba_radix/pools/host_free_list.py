@@ -13,6 +13,12 @@ list is not materialised at once (an O(num_ids) spike) but listed from the bitma
 at the price of 1 byte of pending marks per id. Nothing else differs: the same ids in the same order and
 the same errors as :class:`~.free_list.FreeList` (``property_tests/test_pools_free_list.py`` and
 ``test_pools_lazy_scan.py`` replay both).
+
+Memory grows with use, not with capacity: a fresh (or cleared) list is the range ``1..num_ids`` listed
+lazily, ``LIST_CHUNK`` ids at a time as allocations reach them (ids from ``_fresh`` on, never listed
+before, are an ``arange``, not a bitmap scan), and the per-id arrays (bitmap, pending marks, scratch) are
+fresh pages written only at ids ever handed out (:func:`~._indices.lazy_zeros`). A pool of 28M KV indices
+of which a few million are ever used holds a few bytes per used id, not 14 bytes per id of capacity.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 import torch
 
 from mamba_radix.errors import InvalidArgument, InvariantError
-from mamba_radix.pools._indices import allocate_tensor, as_index_tensor
+from mamba_radix.pools._indices import as_index_tensor, lazy_zeros
 from mamba_radix.pools.free_list import FreeList
 
 __all__ = ["HostFreeList"]
@@ -49,8 +55,7 @@ class HostFreeList(FreeList):
         if need_sort:
             # released ids are marked pending (freed, not merged) so that the lazy scan of a merge (see
             # _lazy_scan) skips them; 1 byte per id
-            marks = allocate_tensor("the pending marks", torch.zeros, num_ids + 2, dtype=torch.bool)
-            self._pending = marks.numpy()
+            self._pending = lazy_zeros("the pending marks", num_ids + 2, torch.bool, device).numpy()
         self._alloc_np = self.allocated.numpy()
         # what one-id reads and writes of the bitmap go through (FifoFreeList: a bytearray of it)
         self._bits: np.ndarray | bytearray = self._alloc_np
@@ -58,11 +63,19 @@ class HostFreeList(FreeList):
 
     # A lazy scan lists at least this many ids at a time (the scan's per-call cost is then negligible).
     LIST_CHUNK = 1 << 16
+    # The lowest id never listed: ids from here up are free, not pending, and their bitmap bytes were
+    # never written (a class default: the first clear runs before __init__ has set anything).
+    _fresh = 1
 
-    def clear(self) -> None:
-        super().clear()
+    def _reset_free_ids(self) -> None:
+        """Every id free, listed lazily from 1 (nothing materialised); only the bitmap and pending bytes
+        below ``_fresh`` (ids ever listed) are cleared, the rest were never written. O(ids ever listed)."""
+        fresh = self._fresh
+        self.allocated[:fresh].zero_()
         if self._pending is not None:
-            self._pending[:] = False
+            self._pending[:fresh] = False
+        self._set_buffer(np.empty(0, dtype=np.int64))
+        self._unlisted, self._scan_pos, self._fresh = self.num_ids, 1, 1
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -74,8 +87,23 @@ class HostFreeList(FreeList):
         return self._to_tensor(np.concatenate([self._buf_view(), rest]))
 
     def _scan_range(self, start: int, stop: int) -> np.ndarray:
-        """Free, not pending ids in ``[start, stop)``, ascending. O(stop - start)."""
-        free = self._alloc_np[start:stop] | self._pending[start:stop]  # type: ignore[index]
+        """Free, not pending ids in ``[start, stop)``, ascending: the bitmap (and pending marks) below
+        ``_fresh``, an ``arange`` from there on (never listed, so all free; no page of the bitmap read).
+        O(stop - start)."""
+        fresh = self._fresh
+        if start >= fresh:
+            return np.arange(start, stop, dtype=np.int64)
+        if stop > fresh:
+            return np.concatenate([self._scan_bits(start, fresh), np.arange(fresh, stop, dtype=np.int64)])
+        return self._scan_bits(start, stop)
+
+    def _scan_bits(self, start: int, stop: int) -> np.ndarray:
+        """Free, not pending ids in ``[start, stop)`` (below ``_fresh``), from the bitmap. Without
+        ``need_sort`` nothing is pending: an unlisted id below ``_fresh`` is then one an undone alloc
+        listed (``undo_alloc`` puts the scan back), free and never released since. O(stop - start)."""
+        free = self._alloc_np[start:stop]
+        if self._pending is not None:
+            free = free | self._pending[start:stop]
         return np.flatnonzero(~free) + start
 
     def _lazy_scan(self, total: int) -> bool:
@@ -111,6 +139,8 @@ class HostFreeList(FreeList):
             got += len(found)
             pos = end
         self._scan_pos = pos
+        if pos > self._fresh:
+            self._fresh = pos
         self._unlisted -= got
         self._set_buffer(self._as_buffer(np.concatenate(pieces)))
 

@@ -19,7 +19,9 @@ as it was.
 Ownership: the pool knows which request holds each row and which row holds each state slot (live and
 ping-pong slots of running requests), so it refuses a request carrying another request's row or slots,
 and :meth:`slot_holder` / :meth:`is_slot_held` let the cache refuse "insert a running request's slot" in
-O(1). The record is kept up to date by every call here; a caller that rewrites ``req.mamba_pool_idx`` or
+O(1). :meth:`release_slot` ends a running request's hold on its live slot without freeing it (the slot
+changes owner, e.g. to the tree, in SGLang's insert-the-live-slot call form) and :meth:`reclaim_slot`
+undoes that; :meth:`audit` checks the record against itself, the device mappings and the state pool. The record is kept up to date by every call here; a caller that rewrites ``req.mamba_pool_idx`` or
 the track buffer of a running request behind the pool's back makes it stale (and is refused later).
 
 Device mappings for kernels, per request row: ``req_index_to_mamba_index_mapping[row]`` (live slot, 0 =
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from mamba_radix.config import CacheConfig
-from mamba_radix.errors import InvalidArgument, InvalidIndex
+from mamba_radix.errors import InvalidArgument, InvalidIndex, InvariantError
 from mamba_radix.pools._indices import check_slot_int
 from mamba_radix.pools.mamba_pool import MambaPool
 from mamba_radix.pools.req_to_token import ReqToTokenPool
@@ -368,6 +370,128 @@ class HybridReqToTokenPool(ReqToTokenPool):
         req.mamba_ping_pong_track_buffer = None
         req.mamba_next_track_idx = 0
         self._sync_row(req)
+
+    # ------------------------------------------------------------------------------------- hand-over
+    def release_slot(self, req: Req, slot: int) -> None:
+        """End running ``req``'s hold on its live slot ``slot`` without freeing it: ``req.mamba_pool_idx``
+        becomes ``None``, the row's live mapping 0, and the slot leaves the owner record and
+        :meth:`num_reserved_slots`, while it stays allocated in the state pool for its new owner (the tree,
+        in SGLang's "insert the live slot, then forget it" form). The request keeps its row and track
+        buffer. :meth:`reclaim_slot` is the undo.
+
+        Only the live slot: a track slot changes owner through :meth:`donate_ping_pong_slot` (which puts a
+        fresh slot in its place) or ``free_mamba_cache(keep=...)``. Raises :class:`InvalidArgument` (nothing
+        changed) when ``req`` is not a request this pool admitted, carries slots the pool does not record
+        as its own, or ``slot`` is not an int equal to its live slot. O(P) for the checks, O(1) to commit.
+        """
+        self._check_admitted(req, "release_slot")
+        slot = check_slot_int(slot, "slot")
+        if req.mamba_pool_idx != slot:
+            where = (
+                "a slot of its track buffer; hand it over with donate_ping_pong_slot or "
+                "free_mamba_cache(req, keep=slot)"
+                if slot in (req.mamba_ping_pong_track_buffer or ())
+                else "not one of its slots"
+            )
+            raise InvalidArgument(
+                f"release_slot: state slot {slot} is {where} (request {req.rid!r} has live slot "
+                f"{req.mamba_pool_idx!r})"
+            )
+        row = req.req_pool_idx
+        assert row is not None  # _check_admitted
+        req.mamba_pool_idx = None
+        self._set_live(row, 0, slot)
+
+    def reclaim_slot(self, req: Req, slot: int) -> None:
+        """Undo :meth:`release_slot`: running ``req`` takes ``slot`` back as its live slot (the pool's
+        record, mapping and :meth:`num_reserved_slots` count it again). The caller vouches that no other
+        owner (the tree) keeps ``slot``: the pool cannot see the tree, so it checks only that the slot is
+        allocated and held by no running request.
+
+        Raises :class:`InvalidArgument` / :class:`InvalidIndex` (nothing changed) when ``req`` is not a
+        request this pool admitted, already holds a live slot, or ``slot`` is not an int, not allocated in
+        the state pool, or held by a running request. O(P) for the checks, O(1) to commit.
+        """
+        self._check_admitted(req, "reclaim_slot")
+        slot = check_slot_int(slot, "slot")
+        if req.mamba_pool_idx is not None:
+            raise InvalidArgument(
+                f"reclaim_slot: request {req.rid!r} already holds live slot {req.mamba_pool_idx}; a request "
+                "holds one live slot"
+            )
+        if not self.mamba_pool.is_slot_allocated(slot):
+            raise InvalidIndex(f"reclaim_slot: state slot {slot} is not allocated in this pool's MambaPool")
+        holder = self.slot_holder(slot)
+        if holder is not None:
+            raise InvalidArgument(
+                f"reclaim_slot: state slot {slot} is held by running request {holder.rid!r}"
+            )
+        row = req.req_pool_idx
+        assert row is not None  # _check_admitted
+        req.mamba_pool_idx = slot
+        self._set_live(row, slot, 0)
+
+    def _check_admitted(self, req: object, verb: str) -> None:
+        """``req`` must hold a row of this pool and exactly the slots the pool records. O(P)."""
+        self._check_holder(req, verb)
+        row = req.req_pool_idx  # type: ignore[attr-defined]
+        if row is None or type(row) is not int or not 0 < row <= self.size or self._row_req[row] is not req:
+            raise InvalidArgument(
+                f"{verb}: request {req.rid!r} (row {row!r}) was not admitted by this pool"  # type: ignore[attr-defined]
+            )
+
+    def _set_live(self, row: int, live: int, released: int) -> None:
+        """Point ``row``'s live entry at ``live`` (0: none) in the mirror, owner record and mapping,
+        ``released`` (0: none) being the slot it held. O(1)."""
+        if released > 0:
+            self._slot_row.pop(released, None)
+            self._num_reserved -= 1
+        if live > 0:
+            self._slot_row[live] = row
+            self._num_reserved += 1
+        self._row_live[row] = live
+        if self._live_np is not None:
+            self._live_np[row] = live
+        else:
+            self.req_index_to_mamba_index_mapping[row] = live
+
+    # ---------------------------------------------------------------------------------------- audit
+    def audit(self) -> None:
+        """Check the pool's own bookkeeping: the rows (:meth:`ReqToTokenPool.audit`), then the slot record.
+        Each slot held by a row is held once, by an allocated row with a request, and is allocated in the
+        state pool; the owner record (:meth:`slot_holder`) and :meth:`num_reserved_slots` are exactly the
+        slots the rows hold; the device mappings equal the host mirror. A slot released to the tree
+        (:meth:`release_slot`) is in none of these. Raises :class:`InvariantError`. O(size * P)."""
+        super().audit()
+        width = self._track_width
+        if self._row_live[0] != 0 or self._row_track[0] != [NO_SLOT] * width or self._row_req[0] is not None:
+            raise InvariantError("request row 0 (the padding row) maps to state slots or a request")
+        owners: dict[int, int] = {}
+        for row in range(1, self.size + 1):
+            held = [s for s in (self._row_live[row], *self._row_track[row]) if s > 0]
+            if not self.is_row_allocated(row) and (held or self._row_req[row] is not None):
+                raise InvariantError(f"request row {row} is free but maps to state slots or a request")
+            if held and self._row_req[row] is None:
+                raise InvariantError(f"request row {row} maps to state slots {held} but no request holds it")
+            for slot in held:
+                if slot in owners:
+                    raise InvariantError(f"state slot {slot} is held by rows {owners[slot]} and {row}")
+                if not self.mamba_pool.is_slot_allocated(slot):
+                    raise InvariantError(f"state slot {slot} of row {row} is not allocated in the state pool")
+                owners[slot] = row
+        if owners != self._slot_row:
+            stray = sorted(set(owners.items()) ^ set(self._slot_row.items()))[:1]
+            raise InvariantError(f"the slot owner record disagrees with the rows' slots (slot, row): {stray}")
+        if len(owners) != self._num_reserved:
+            raise InvariantError(
+                f"num_reserved_slots() is {self._num_reserved}, but the rows hold {len(owners)} slots"
+            )
+        live = torch.tensor(self._row_live, dtype=torch.int64)
+        track = torch.tensor(self._row_track, dtype=torch.int64)
+        if not torch.equal(self.req_index_to_mamba_index_mapping.cpu(), live) or not torch.equal(
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping.cpu(), track
+        ):
+            raise InvariantError("the device slot mappings disagree with the pool's host record")
 
     # ------------------------------------------------------------------------------------- ping-pong
     def ping_pong_other_idx(self, i: int) -> int:

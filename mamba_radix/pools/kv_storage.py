@@ -17,14 +17,21 @@ from typing import NamedTuple
 
 import torch
 
-from mamba_radix.errors import InvalidArgument
+from mamba_radix.errors import InvalidArgument, InvalidIndex
 from mamba_radix.pools._indices import (
     IndexLike,
     allocate_tensor,
     as_index_tensor,
     check_fits,
+    check_in_range,
     check_size,
     resolve_device,
+)
+from mamba_radix.pools.cpu_copy import (
+    HybridCpuCopy,
+    check_copied_tensor,
+    gather_to_host,
+    synchronize,
 )
 from mamba_radix.pools.mamba_pool import MambaPool
 
@@ -80,6 +87,49 @@ class _TokenKVStorage:
         if values.device != self.device:
             raise InvalidArgument(f"{what} is on {values.device} but the pool lives on {self.device}")
         return values.to(self.dtype)
+
+    # ------------------------------------------------------------------------------ host copies
+    # Tokens per chunk of a host copy (SGLang's name and default): a copy moves at most this many rows of
+    # one layer at a time, which bounds the device memory one gather takes. A copy is cut by the chunk
+    # size of the pool that made it; load it into a pool with the same chunk size.
+    cpu_offloading_chunk_size: int = 8192
+
+    def _copy_indices(self, indices: IndexLike, load: bool) -> torch.Tensor:
+        """``indices`` as an index tensor of rows outside the padding (``page_size..num_rows - 1``),
+        without repeats when ``load`` (a row may be written once per copy), else
+        :class:`~mamba_radix.errors.InvalidIndex`. O(k) (O(k log k) with the repeat check)."""
+        idx = as_index_tensor(indices, self.device, "KV index")
+        check_in_range(idx, self.page_size, self.num_rows - 1, "KV index")
+        if load and idx.numel() > 1 and torch.unique(idx).numel() != idx.numel():
+            raise InvalidIndex(
+                "a KV index occurs twice in one load (a row may be written once per copy); "
+                "pass each index once"
+            )
+        return idx
+
+    def _chunk_bounds(self, num_tokens: int) -> list[tuple[int, int]]:
+        """``[start, end)`` of each chunk of a copy of ``num_tokens`` tokens. O(chunks)."""
+        step = check_size(self.cpu_offloading_chunk_size, "cpu_offloading_chunk_size")
+        return [(start, min(start + step, num_tokens)) for start in range(0, num_tokens, step)]
+
+    def _copy_layers(self, copy: object, num_chunks: int) -> list:
+        """The copy's per-layer chunk lists after checking their counts (one list per layer, ``num_chunks``
+        chunks each), else :class:`InvalidArgument`. O(layers)."""
+        if not isinstance(copy, (list, tuple)) or len(copy) != self.layer_num:
+            got = f"{len(copy)} layers" if isinstance(copy, (list, tuple)) else type(copy).__name__
+            raise InvalidArgument(
+                f"a KV copy lists one entry per layer ({self.layer_num} here), got {got}; load a copy made "
+                "by get_cpu_copy of a pool with the same layers"
+            )
+        for layer, chunks in enumerate(copy):
+            if not isinstance(chunks, (list, tuple)) or len(chunks) != num_chunks:
+                got = f"{len(chunks)} chunks" if isinstance(chunks, (list, tuple)) else type(chunks).__name__
+                raise InvalidArgument(
+                    f"layer {layer} of the KV copy has {got}, but this pool cuts the indices given into "
+                    f"{num_chunks} (cpu_offloading_chunk_size={self.cpu_offloading_chunk_size}); pass as many "
+                    "indices as were copied, to a pool with the chunk size of the one that made the copy"
+                )
+        return list(copy)
 
 
 class MHATokenToKVPool(_TokenKVStorage):
@@ -144,6 +194,63 @@ class MHATokenToKVPool(_TokenKVStorage):
         v = self._values(cache_v, idx.numel(), row, "cache_v")
         self.k_buffer[layer][idx] = k
         self.v_buffer[layer][idx] = v
+
+    def get_cpu_copy(self, indices: IndexLike) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Keys and values at KV ``indices``, every layer, as fresh host tensors (pinned where CUDA is
+        available), for a scheduler that retracts a request (SGLang's call and form):
+        ``copy[layer][chunk] = (k, v)``, each ``[chunk tokens, head_num, head_dim]``, the indices cut in
+        order into chunks of :attr:`cpu_offloading_chunk_size`. Raises
+        :class:`~mamba_radix.errors.InvalidIndex` for a padding or out-of-range index (which rows are
+        allocated is the allocator's to check). No side effects; waits for the device.
+        O(k * bytes_per_token)."""
+        idx = self._copy_indices(indices, load=False)
+        bounds = self._chunk_bounds(idx.numel())
+        copy = [
+            [
+                (gather_to_host(k_buf, 0, idx[start:end]), gather_to_host(v_buf, 0, idx[start:end]))
+                for start, end in bounds
+            ]
+            for k_buf, v_buf in zip(self.k_buffer, self.v_buffer, strict=True)
+        ]
+        synchronize(self.device)  # the transfers into pinned memory are asynchronous
+        return copy
+
+    def check_cpu_copy(self, copy: object, indices: IndexLike) -> torch.Tensor:
+        """Raise what :meth:`load_cpu_copy` would raise, else return ``indices`` as an index tensor:
+        indices outside the padding and without repeats (:class:`~mamba_radix.errors.InvalidIndex`), a
+        copy of this pool's layer count, chunking, row shape and exact dtype for that many indices
+        (:class:`InvalidArgument`). No side effects. O(k + layers * chunks)."""
+        idx = self._copy_indices(indices, load=True)
+        bounds = self._chunk_bounds(idx.numel())
+        row = (self.head_num, self.head_dim)
+        for layer, chunks in enumerate(self._copy_layers(copy, len(bounds))):
+            for c, ((start, end), chunk) in enumerate(zip(bounds, chunks, strict=True)):
+                if not isinstance(chunk, (list, tuple)) or len(chunk) != 2:
+                    raise InvalidArgument(
+                        f"chunk {c} of layer {layer} of the KV copy must be a (k, v) pair, got "
+                        f"{type(chunk).__name__}; pass the copy get_cpu_copy returned"
+                    )
+                for part, name in zip(chunk, ("k", "v"), strict=True):
+                    check_copied_tensor(
+                        part,
+                        (end - start, *row),
+                        self.dtype,
+                        f"{name} of layer {layer} chunk {c} of the copy",
+                    )
+        return idx
+
+    def load_cpu_copy(self, copy: list[list[tuple[torch.Tensor, torch.Tensor]]], indices: IndexLike) -> None:
+        """Write a copy :meth:`get_cpu_copy` made into KV ``indices`` (token ``i`` of the copy into
+        ``indices[i]``; they may differ from the indices copied). Validated whole first
+        (:meth:`check_cpu_copy`): on refusal nothing is written. Side effect: overwrites those rows of
+        every layer; the copy is not changed. Waits for the device. O(k * bytes_per_token)."""
+        idx = self.check_cpu_copy(copy, indices)
+        bounds = self._chunk_bounds(idx.numel())
+        for k_buf, v_buf, chunks in zip(self.k_buffer, self.v_buffer, copy, strict=True):
+            for (start, end), (k, v) in zip(bounds, chunks, strict=True):
+                k_buf.index_copy_(0, idx[start:end], k.to(self.device, non_blocking=True))
+                v_buf.index_copy_(0, idx[start:end], v.to(self.device, non_blocking=True))
+        synchronize(self.device)  # the host tensors may be dropped once this returns
 
 
 class MLATokenToKVPool(_TokenKVStorage):
@@ -212,6 +319,45 @@ class MLATokenToKVPool(_TokenKVStorage):
         nope = self._values(cache_k_nope, idx.numel(), (1, self.kv_lora_rank), "cache_k_nope")
         rope = self._values(cache_k_rope, idx.numel(), (1, self.qk_rope_head_dim), "cache_k_rope")
         self.kv_buffer[layer][idx] = torch.cat([nope, rope], dim=-1)
+
+    def get_cpu_copy(self, indices: IndexLike) -> list[list[torch.Tensor]]:
+        """The latent KV at ``indices``, every layer, as fresh host tensors (pinned where CUDA is
+        available), SGLang's form: ``copy[layer][chunk]`` is ``[chunk tokens, 1, kv_lora_rank +
+        qk_rope_head_dim]``, chunks of :attr:`cpu_offloading_chunk_size`. Raises
+        :class:`~mamba_radix.errors.InvalidIndex` for a padding or out-of-range index. No side effects;
+        waits for the device. O(k * bytes_per_token)."""
+        idx = self._copy_indices(indices, load=False)
+        bounds = self._chunk_bounds(idx.numel())
+        copy = [[gather_to_host(buf, 0, idx[start:end]) for start, end in bounds] for buf in self.kv_buffer]
+        synchronize(self.device)  # the transfers into pinned memory are asynchronous
+        return copy
+
+    def check_cpu_copy(self, copy: object, indices: IndexLike) -> torch.Tensor:
+        """Raise what :meth:`load_cpu_copy` would raise, else return ``indices`` as an index tensor (see
+        :meth:`MHATokenToKVPool.check_cpu_copy`; a chunk is one latent tensor). No side effects.
+        O(k + layers * chunks)."""
+        idx = self._copy_indices(indices, load=True)
+        bounds = self._chunk_bounds(idx.numel())
+        for layer, chunks in enumerate(self._copy_layers(copy, len(bounds))):
+            for c, ((start, end), chunk) in enumerate(zip(bounds, chunks, strict=True)):
+                check_copied_tensor(
+                    chunk,
+                    (end - start, 1, self.kv_cache_dim),
+                    self.dtype,
+                    f"layer {layer} chunk {c} of the copy",
+                )
+        return idx
+
+    def load_cpu_copy(self, copy: list[list[torch.Tensor]], indices: IndexLike) -> None:
+        """Write a copy :meth:`get_cpu_copy` made into ``indices`` (which may differ from those copied),
+        validated whole first: on refusal nothing is written. Side effect: overwrites those rows of every
+        layer. Waits for the device. O(k * bytes_per_token)."""
+        idx = self.check_cpu_copy(copy, indices)
+        bounds = self._chunk_bounds(idx.numel())
+        for buf, chunks in zip(self.kv_buffer, copy, strict=True):
+            for (start, end), chunk in zip(bounds, chunks, strict=True):
+                buf.index_copy_(0, idx[start:end], chunk.to(self.device, non_blocking=True))
+        synchronize(self.device)  # the host tensors may be dropped once this returns
 
 
 class LinearLayerCache(NamedTuple):
@@ -322,3 +468,44 @@ class HybridLinearKVPool:
             raise InvalidArgument(f"layer {layer_id!r} is {kind}, not a linear layer; use get_kv_buffer")
         j = self.linear_layer_id_mapping[layer_id]
         return LinearLayerCache([c[j] for c in self.mamba_pool.conv], self.mamba_pool.temporal[j])
+
+    def get_cpu_copy(self, indices: IndexLike, mamba_indices: IndexLike | None = None) -> HybridCpuCopy:
+        """Host copies of the full-attention KV at ``indices`` and, with ``mamba_indices``, of those
+        state slots: ``HybridCpuCopy(kv, mamba)`` (SGLang's ``(kv_cpu, mamba_cpu)``; ``mamba`` is None
+        without ``mamba_indices``). See :meth:`MHATokenToKVPool.get_cpu_copy` and
+        :meth:`MambaPool.get_cpu_copy`. No side effects. O(k * bytes_per_token + s * bytes_per_slot)."""
+        # the state slots first: a slot not allocated is refused before the larger KV copy is made
+        mamba = None if mamba_indices is None else self.mamba_pool.get_cpu_copy(mamba_indices)
+        return HybridCpuCopy(self.full_kv_pool.get_cpu_copy(indices), mamba)
+
+    def check_cpu_copy(
+        self, copy: object, indices: IndexLike, mamba_indices: IndexLike | None = None
+    ) -> None:
+        """Raise what :meth:`load_cpu_copy` would raise (both parts checked). No side effects."""
+        if not isinstance(copy, (tuple, list)) or len(copy) != 2:
+            raise InvalidArgument(
+                f"a hybrid copy is the (kv, mamba) pair get_cpu_copy returns, got {type(copy).__name__}"
+            )
+        kv, mamba = copy
+        self.full_kv_pool.check_cpu_copy(kv, indices)
+        if mamba_indices is not None:
+            if mamba is None:
+                raise InvalidArgument(
+                    "the copy holds no state (it was made without mamba_indices); pass mamba_indices=None, "
+                    "or copy with mamba_indices"
+                )
+            self.mamba_pool.check_cpu_copy(mamba, mamba_indices)
+
+    def load_cpu_copy(
+        self, copy: HybridCpuCopy | tuple | list, indices: IndexLike, mamba_indices: IndexLike | None = None
+    ) -> None:
+        """Write a :meth:`get_cpu_copy` copy back: the KV part into ``indices`` and, with
+        ``mamba_indices``, the state part into those slots (either may differ from those copied; without
+        ``mamba_indices`` a copied state is not loaded, as in SGLang). Both parts are validated before
+        either is written: on refusal nothing is. Side effect: overwrites those rows and slots.
+        O(k * bytes_per_token + s * bytes_per_slot)."""
+        self.check_cpu_copy(copy, indices, mamba_indices)
+        kv, mamba = copy
+        self.full_kv_pool.load_cpu_copy(kv, indices)
+        if mamba_indices is not None:
+            self.mamba_pool.load_cpu_copy(mamba, mamba_indices)

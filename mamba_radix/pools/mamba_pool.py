@@ -12,7 +12,7 @@ otherwise); this pool validates its slot arguments first, so a refused call writ
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, overload
 
 import torch
@@ -29,19 +29,28 @@ from mamba_radix.pools._indices import (
     check_size,
     resolve_device,
 )
-from mamba_radix.pools.capacity_limit import CapacityLimit
+from mamba_radix.pools.cpu_copy import MambaCpuCopy, check_copied_tensor, gather_to_host, synchronize
 from mamba_radix.pools.free_lists import make_free_list
 
-__all__ = ["MambaPool"]
+__all__ = ["MambaPool", "compiled_copy_row"]
 
 try:  # the compiled slot copy: optional (setup.py builds it where a C compiler is found)
     from mamba_radix._cstate import copy_row as _c_copy_row
 except ImportError:  # not built (no compiler at install time) or built for another Python
     _c_copy_row = None
 
-# Whether copy_from's trusted one-slot copy tries the compiled copy when it imported (False: always the
-# reference; tests set it to compare the two). MAMBA_RADIX_C=0 at import sets it (mamba_radix.native).
-_C_STATE_COPY = compiled_paths_enabled()
+# copy_row(byte_buffers, src_slot, dst_slot) -> bool: True when it copied, False to hand the copy back to
+# the reference (a view outside its contract)
+CopyRow = Callable[[list[memoryview], int, int], bool]
+
+
+def compiled_copy_row(compiled: bool | None = None) -> CopyRow | None:
+    """The compiled one-slot copy a new pool uses, or None for the reference alone: the compiled copy
+    when it was built and ``compiled`` (None: :func:`mamba_radix.native.compiled_paths_enabled`, read
+    now). Read at each pool's construction, never on the copy path. O(1)."""
+    if compiled is None:
+        compiled = compiled_paths_enabled()
+    return _c_copy_row if compiled else None
 
 
 def _check_shape(shape: object, what: str) -> tuple[int, ...]:
@@ -59,7 +68,7 @@ def _check_dtype(dtype: object, what: str) -> torch.dtype:
     return dtype
 
 
-class MambaPool(CapacityLimit):
+class MambaPool:
     """``size`` state slots (``1..size``) of ``num_layers`` linear layers on ``device``.
 
     ``conv[j]`` is ``[num_layers, size + 1, *conv_shapes[j]]`` in ``conv_dtypes[j]``; ``temporal`` is
@@ -68,6 +77,8 @@ class MambaPool(CapacityLimit):
     ``temporal_bytes_per_slot``). Slot handling is O(k) per call; the free list never sorts.
     ``backend``: the free list implementation, as for :class:`TokenToKVPoolAllocator`, plus ``"fifo"``
     (:class:`~mamba_radix.pools.fifo_free_list.FifoFreeList`), which ``"auto"`` picks on the CPU.
+    ``compiled_copy``: whether :meth:`copy_slot` may use the compiled copy (None: ``MAMBA_RADIX_C``,
+    :func:`compiled_copy_row`); chosen once here, so the copy path tests nothing global.
     """
 
     def __init__(
@@ -80,6 +91,8 @@ class MambaPool(CapacityLimit):
         temporal_dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         backend: str = "auto",
+        *,
+        compiled_copy: bool | None = None,
     ) -> None:
         self.size = check_size(size, "size")
         self.num_layers = check_size(num_layers, "num_layers")
@@ -118,6 +131,7 @@ class MambaPool(CapacityLimit):
         check_fits(self.device, total, f"a state pool of {size} slots")
         self._byte_views: list | None = None  # CPU: numpy uint8 views of the tensors (see _host_byte_views)
         self._byte_buffers: list[memoryview] | None = None  # the same views as memoryviews (set together)
+        self._copy_row = compiled_copy_row(compiled_copy)  # None: the reference copy only
         self.conv = [
             allocate_tensor(
                 "the conv state",
@@ -196,8 +210,8 @@ class MambaPool(CapacityLimit):
         return [*self.conv, self.temporal]
 
     def available_size(self) -> int:
-        """Free slots (less any :attr:`withheld` by :meth:`set_capacity`). O(1)."""
-        return self._free_list.available - self.withheld
+        """Free slots. O(1)."""
+        return self._free_list.available
 
     @property
     def used(self) -> int:
@@ -224,8 +238,6 @@ class MambaPool(CapacityLimit):
         allocation passes through this one call (the fault-injection tests wrap it)."""
         if type(num_slots) is not int or num_slots < 0:  # the common case without a call
             check_count(num_slots, "num_slots")
-        if self.withheld and num_slots > self.available_size():
-            return None
         if as_list:
             return self._free_list.alloc_ints(num_slots)
         return self._free_list.alloc(num_slots)
@@ -280,17 +292,14 @@ class MambaPool(CapacityLimit):
         a checkpoint it holds into a slot it just allocated, or the reverse at a hand-over). No checks,
         no host sync: a bad slot corrupts the state silently (use :meth:`copy_from` to have it checked).
         On the CPU one memcpy per tensor and layer in C (``mamba_radix/_cstate.c``); otherwise (not built,
-        off the CPU, ``MAMBA_RADIX_C=0``) :mod:`~mamba_radix.state_ops`' trusted path, the reference.
+        off the CPU, or switched off when the pool was built: ``compiled_copy=False`` or
+        ``MAMBA_RADIX_C=0``) :mod:`~mamba_radix.state_ops`' trusted path, the reference.
         Side effect: overwrites ``dst_slot``. O(bytes_per_slot)."""
         buffers = self._byte_buffers
         if buffers is None and self._host_byte_views() is not None:  # built once per set of tensors
             buffers = self._byte_buffers
-        if (
-            buffers is not None
-            and _C_STATE_COPY
-            and _c_copy_row is not None
-            and _c_copy_row(buffers, src_slot, dst_slot)
-        ):
+        copy_row = self._copy_row
+        if buffers is not None and copy_row is not None and copy_row(buffers, src_slot, dst_slot):
             return
         state_ops.copy_slots(
             self.tensors, [src_slot], [dst_slot], check=False, host_views=self._host_byte_views()
@@ -361,3 +370,62 @@ class MambaPool(CapacityLimit):
     def allocated_slots(self) -> torch.Tensor:
         """Every allocated slot, ascending. O(size): for conservation checks."""
         return self._free_list.allocated_ids()
+
+    # ------------------------------------------------------------------------------ host copies
+    def get_cpu_copy(self, slots: IndexLike) -> MambaCpuCopy:
+        """The state of allocated ``slots`` (every layer, each conv tensor and the temporal state) as
+        fresh host tensors, for a scheduler that retracts a request (SGLang's call of this name): a
+        :class:`~mamba_radix.pools.cpu_copy.MambaCpuCopy` ``(conv, temporal)``, position ``i`` of
+        dimension 1 holding ``slots[i]``. Pinned memory where CUDA is available. Raises
+        :class:`~mamba_radix.errors.InvalidIndex` for a slot not allocated. The pool is unchanged (free
+        the slots afterwards if the request gives them up). Waits for the device. O(k * bytes_per_slot).
+        """
+        idx = self.check_allocated(slots)
+        conv = [gather_to_host(t, 1, idx) for t in self.conv]
+        temporal = gather_to_host(self.temporal, 1, idx)
+        synchronize(self.device)  # the transfers into pinned memory are asynchronous
+        return MambaCpuCopy(conv, temporal)
+
+    def check_cpu_copy(self, copy: object, slots: IndexLike) -> torch.Tensor:
+        """Raise what :meth:`load_cpu_copy` would raise for these arguments, else return ``slots`` as an
+        index tensor: every slot allocated and none repeated (:class:`~mamba_radix.errors.InvalidIndex`),
+        ``copy`` a ``(conv, temporal)`` pair of this pool's conv count, shapes (for ``len(slots)`` slots)
+        and exact dtypes (:class:`InvalidArgument`). No side effects. O(k)."""
+        idx = self.check_allocated(slots)
+        self._free_list.check_unique(idx, "a slot may be loaded once per copy")
+        if not isinstance(copy, (tuple, list)) or len(copy) != 2:
+            raise InvalidArgument(
+                f"a state copy is the (conv, temporal) pair get_cpu_copy returns, got {type(copy).__name__}"
+                + (f" of length {len(copy)}" if isinstance(copy, (tuple, list)) else "")
+            )
+        conv, temporal = copy
+        if not isinstance(conv, (tuple, list)) or len(conv) != len(self.conv):
+            got = f"{len(conv)} tensors" if isinstance(conv, (tuple, list)) else type(conv).__name__
+            raise InvalidArgument(
+                f"the copy's conv part must list {len(self.conv)} tensors (one per conv tensor of this "
+                f"pool), got {got}; load a copy made by a pool with the same conv tensors"
+            )
+        k = idx.numel()
+        for j, (tensor, shape, dtype) in enumerate(
+            zip(conv, self.conv_shapes, self.conv_dtypes, strict=True)
+        ):
+            check_copied_tensor(tensor, (self.num_layers, k, *shape), dtype, f"conv[{j}] of the copy")
+        check_copied_tensor(
+            temporal, (self.num_layers, k, *self.temporal_shape), self.temporal_dtype, "temporal of the copy"
+        )
+        return idx
+
+    def load_cpu_copy(self, copy: MambaCpuCopy | tuple | list, slots: IndexLike) -> None:
+        """Write a copy :meth:`get_cpu_copy` made into allocated ``slots`` (position ``i`` of the copy
+        into ``slots[i]``; the slots may differ from those copied, and may be of another pool of the same
+        layers, shapes and dtypes). Validated whole first (:meth:`check_cpu_copy`): on refusal nothing is
+        written. Side effect: overwrites every layer's state of ``slots``; the copy is not changed. Waits
+        for the device. O(k * bytes_per_slot)."""
+        idx = self.check_cpu_copy(copy, slots)
+        if idx.numel() == 0:
+            return
+        conv, temporal = copy
+        for tensor, source in zip(self.conv, conv, strict=True):
+            tensor.index_copy_(1, idx, source.to(self.device, non_blocking=True))
+        self.temporal.index_copy_(1, idx, temporal.to(self.device, non_blocking=True))
+        synchronize(self.device)  # the host tensors may be dropped once this returns

@@ -14,10 +14,10 @@ import torch
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex, InvariantError
 from mamba_radix.pools._indices import (
-    allocate_tensor,
     check_count,
     check_fits,
     check_size,
+    lazy_zeros,
     resolve_device,
 )
 
@@ -36,12 +36,11 @@ class ReqToTokenPool:
         check_fits(
             self.device, (size + 1) * max_context_len * 4, f"a request table of {size} x {max_context_len}"
         )
-        self.req_to_token = allocate_tensor(
-            "the request table",
-            torch.zeros,
-            (size + 1, max_context_len),
-            dtype=torch.int32,
-            device=self.device,
+        # Sized for capacity (every running request's row at the longest context) but on the CPU resident
+        # only where written: rows are handed out last-freed first, so a replay that runs few requests at a
+        # time writes few rows, and a row only as far as its request's context (see lazy_zeros).
+        self.req_to_token = lazy_zeros(
+            "the request table", (size + 1, max_context_len), torch.int32, self.device
         )
         self._row_allocated = bytearray(size + 1)
         self._free_rows: list[int] = []
@@ -54,6 +53,7 @@ class ReqToTokenPool:
         # A stack popped from the end: reversed so that a fresh pool hands out rows 1, 2, 3, ...
         self._free_rows = list(range(self.size, 0, -1))
         self._row_allocated = bytearray(self.size + 1)
+        self._rows_written = 1  # rows 0.. _rows_written - 1 may hold entries (clear zeroes only those)
 
     # ----------------------------------------------------------------------------------------- sizes
     def available_size(self) -> int:
@@ -96,8 +96,12 @@ class ReqToTokenPool:
             return None
         rows = self._free_rows[len(self._free_rows) - num_rows :][::-1]
         del self._free_rows[len(self._free_rows) - num_rows :]
+        written = self._rows_written
         for row in rows:
             self._row_allocated[row] = 1
+            if row >= written:
+                written = row + 1
+        self._rows_written = written
         return rows
 
     def free(self, rows: int | Sequence[int]) -> None:
@@ -196,6 +200,8 @@ class ReqToTokenPool:
         self.req_to_token[row, start:end] = values.to(torch.int32)
 
     def clear(self) -> None:
-        """Free every row and zero the table. O(size * max_context_len)."""
+        """Free every row and zero the table. O(rows ever handed out * max_context_len): rows above the
+        highest one ever handed out were never written (only a held row, or the padding row 0, is)."""
+        written = self._rows_written
         self._reset_rows()
-        self.req_to_token.zero_()
+        self.req_to_token[:written].zero_()

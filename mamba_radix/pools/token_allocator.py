@@ -12,18 +12,17 @@ from __future__ import annotations
 import torch
 
 from mamba_radix.pools._indices import IndexLike, as_index_tensor, check_count, check_size, resolve_device
-from mamba_radix.pools.capacity_limit import CapacityLimit
 from mamba_radix.pools.free_list import FreeListBatching
 from mamba_radix.pools.free_lists import make_free_list
 
 __all__ = ["TokenToKVPoolAllocator"]
 
 
-class TokenToKVPoolAllocator(CapacityLimit, FreeListBatching):
+class TokenToKVPoolAllocator(FreeListBatching):
     """KV indices ``1..size`` of a token pool on ``device``.
 
     ``available_size()`` counts free indices (merged or not); ``used`` counts allocated ones; they always
-    sum to ``capacity`` (``size`` unless :meth:`set_capacity` lowered it). Every method is O(k) in the
+    sum to ``size``. Every method is O(k) in the
     indices it takes or returns, except ``clear`` and ``allocated_indices`` (O(size), not for hot paths).
 
     ``backend`` picks the free list implementation (see :mod:`.free_lists`): ``"auto"`` (numpy views on
@@ -42,8 +41,8 @@ class TokenToKVPoolAllocator(CapacityLimit, FreeListBatching):
 
     # ----------------------------------------------------------------------------------------- sizes
     def available_size(self) -> int:
-        """Free KV indices (less any :attr:`withheld` by :meth:`set_capacity`). O(1), no device sync."""
-        return self._free_list.available - self.withheld
+        """Free KV indices. O(1), no device sync."""
+        return self._free_list.available
 
     @property
     def used(self) -> int:
@@ -57,8 +56,6 @@ class TokenToKVPoolAllocator(CapacityLimit, FreeListBatching):
         Side effects: marks them allocated; may merge released indices first. O(num_tokens) amortised.
         """
         check_count(num_tokens, "num_tokens")
-        if self.withheld and num_tokens > self.available_size():
-            return None
         return self._free_list.alloc(num_tokens)
 
     def free(self, indices: IndexLike, check: bool = True) -> None:

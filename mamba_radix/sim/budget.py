@@ -1,6 +1,17 @@
-"""From a per-rank memory budget to pool sizes: (KV tokens, state slots), the way SGLang sizes them.
+"""The one home of the simulator's pool sizing: (KV tokens, state slots, request rows) for a run.
 
-The simulator's only contact with the byte math: :func:`pools_for_budget` and :func:`model_bytes` call
+Three ways to size a run's pools, chosen by :func:`pools_for_run` (sweeps, ``simulate``) or called
+directly (the policy experiment's points, the demand pass):
+
+- :func:`pools_for_budget`: a per-rank memory budget split the way SGLang splits it;
+- :func:`exact_pools`: given KV tokens and state slots;
+- :func:`infinite_pools`: pools no trace of a given size can fill.
+
+The engine reads two more rules from here: :func:`request_rows` (how many requests run at once) and
+:meth:`PoolSizes.allocator_kv_tokens` (the allocator's size at a page size).
+
+The simulator's only contact with the byte math: :func:`pools_for_budget`, :func:`sizing_inputs` (the
+planner's inputs for the same deployment, for a script that compares the two) and :func:`model_bytes` call
 :mod:`mamba_radix.capacity` (model presets, bytes per KV token and per state slot, SGLang's
 ``_handle_max_mamba_cache`` ratio rule: ``r / (1 + r)`` of the budget goes to state slots unless
 ``--max-mamba-cache-size`` fixes them, the KV pool gets the rest). Everything else (the engine, sweeps,
@@ -15,10 +26,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from mamba_radix.config import CacheConfig
 from mamba_radix.defaults import Deployment, deployment_for
 from mamba_radix.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.capacity import SizingInputs
 
 __all__ = [
     "KIMI_K3_PER_RANK_BUDGET_GIB",
@@ -28,8 +43,12 @@ __all__ = [
     "PoolSizes",
     "check_sim_memory",
     "exact_pools",
+    "infinite_pools",
     "model_bytes",
     "pools_for_budget",
+    "pools_for_run",
+    "request_rows",
+    "sizing_inputs",
 ]
 
 # Kimi K3 at TP8 on one rank, as in the seeds: 974,656 bf16 MLA tokens (25.10 GiB) + 80 bf16 state
@@ -76,17 +95,39 @@ class PoolSizes:
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def allocator_kv_tokens(self, page_size: int) -> int:
+        """The KV allocator's size at ``page_size``: whole pages only, so a paged capacity rounds down to
+        a page multiple (at least one page). O(1)."""
+        if page_size == 1:
+            return self.kv_tokens
+        return max(self.kv_tokens // page_size, 1) * page_size
 
-def _sizing_inputs(
+
+def request_rows(config: CacheConfig, state_slots: int, cap: int | None) -> tuple[int, str]:
+    """How many requests may run at once on ``state_slots`` slots: the slots' bound
+    (``config.max_running_requests``), lowered to ``cap`` (``max_running_requests``, None: no cap) when
+    that is smaller; with which bound binds (``"state_slots"`` or ``"req_rows"``, an admission's refusal
+    reason). O(1)."""
+    rows = config.max_running_requests(state_slots)
+    if cap is not None and cap < rows:
+        return cap, "req_rows"
+    return rows, "state_slots"
+
+
+def sizing_inputs(
     config: CacheConfig,
     model: str,
     budget_gib: float | None,
     mamba_full_memory_ratio: float,
-    max_mamba_cache_size: int | None,
-    deployment: Deployment,
-) -> object:
+    max_mamba_cache_size: int | None = None,
+    deployment: Deployment | None = None,
+) -> SizingInputs:
+    """The planner's inputs (:class:`mamba_radix.capacity.SizingInputs`) for ``model`` at
+    ``deployment`` (default: the model's, :func:`mamba_radix.defaults.deployment_for`): what
+    :func:`pools_for_budget` sizes, for a caller that plans the same deployment. No side effects."""
     from mamba_radix.capacity import MemoryBudget, Parallelism, SizingInputs, load_model
 
+    deployment = deployment or deployment_for(model)
     return SizingInputs(
         model=load_model(model),
         parallelism=Parallelism(tp_size=deployment.tp_size),
@@ -151,7 +192,7 @@ def pools_for_budget(
     if rough_tokens > 4 * MAX_SIM_KV_TOKENS:
         _check_pool_limits(rough_tokens, 0, f"budget_gib {budget_gib:g}")
     res = resolve_pools(
-        _sizing_inputs(config, model, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, dep)  # type: ignore[arg-type]
+        sizing_inputs(config, model, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, dep)
     )
     slots, tokens = int(res.num_slots), int(res.num_tokens or 0)
     running = config.max_running_requests(slots)
@@ -211,14 +252,67 @@ def exact_pools(
     )
 
 
+def infinite_pools(
+    config: CacheConfig,
+    input_tokens: int,
+    output_tokens: int,
+    num_requests: int,
+    model: str,
+    deployment: Deployment | None = None,
+) -> PoolSizes:
+    """Pools no trace of this size can fill: every token and every checkpoint it could ever create.
+    No side effects. O(1)."""
+    mb = model_bytes(model, deployment)
+    interval = max(1, config.mamba_track_interval)
+    chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else 1 << 30
+    checkpoints = num_requests * 3 + input_tokens // min(chunk, 64) + output_tokens // interval
+    running = 256
+    slots = checkpoints + running * config.slots_per_request
+    return PoolSizes(
+        kv_tokens=input_tokens + output_tokens + 1,
+        state_slots=slots,
+        max_running_requests=config.max_running_requests(slots),
+        budget_gib=float("inf"),
+        mamba_full_memory_ratio=float("nan"),
+        bytes_per_kv_token=mb.bytes_per_kv_token,
+        bytes_per_state_slot=mb.bytes_per_state_slot,
+        model=model,
+    )
+
+
+def pools_for_run(
+    config: CacheConfig,
+    *,
+    model: str,
+    deployment: Deployment | None = None,
+    infinite: bool = False,
+    kv_tokens: int | None = None,
+    state_slots: int | None = None,
+    budget_gib: float = KIMI_K3_PER_RANK_BUDGET_GIB,
+    mamba_full_memory_ratio: float = 0.9,
+    max_mamba_cache_size: int | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    num_requests: int = 0,
+) -> PoolSizes:
+    """The pools of a run: :func:`infinite_pools` (sized to the trace's ``input_tokens``,
+    ``output_tokens`` and ``num_requests``), :func:`exact_pools` (``kv_tokens`` and ``state_slots``)
+    or :func:`pools_for_budget`. No side effects; raises :class:`ConfigError` as those do."""
+    if infinite:
+        return infinite_pools(config, input_tokens, output_tokens, num_requests, model, deployment)
+    if kv_tokens is not None and state_slots is not None:
+        return exact_pools(config, kv_tokens, state_slots, model, deployment)
+    return pools_for_budget(
+        config, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, model, deployment
+    )
+
+
 def sim_memory_bytes(
     pools: PoolSizes, config: CacheConfig, max_context_len: int, max_rows: int | None
 ) -> int:
     """Host bytes the simulator's pools take for one run, roughly: the KV free list (8 B per token) and
     the request table (rows x (max_context_len + 1) int32). O(1)."""
-    rows = config.max_running_requests(pools.state_slots)
-    if max_rows is not None:
-        rows = min(rows, max_rows)
+    rows = request_rows(config, pools.state_slots, max_rows)[0]
     return 8 * pools.kv_tokens + 4 * rows * (max_context_len + 1)
 
 

@@ -52,29 +52,29 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from mamba_radix.config import CacheConfig
+from mamba_radix.cost_model import CostModel
 from mamba_radix.errors import ConfigError, MambaRadixError
 from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.policy import CachePolicy
-from mamba_radix.pools import (
-    HybridReqToTokenPool,
-    KVAllocator,
-    MambaPool,
-    make_kv_allocator,
-)
+from mamba_radix.pools import KVAllocator
 from mamba_radix.request import Req
-from mamba_radix.sim.budget import PoolSizes
+from mamba_radix.sim.budget import PoolSizes, request_rows
+from mamba_radix.sim.capacity_limit import LimitedMambaPool, limited_kv_allocator
 from mamba_radix.sim.ideal import IdealHit, ideal_for
+from mamba_radix.sim.memory import LARGE_KV_TOKENS, release_memory
 from mamba_radix.sim.metrics import PoolSample, RunMetrics
 from mamba_radix.sim.split import AdaptiveSplit, SplitOptions
 from mamba_radix.sim.stamps import StampIO
 from mamba_radix.sim.traces import TraceRequest
 from mamba_radix.state_stamp import PrefixFingerprints, read_stamp
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
 
 __all__ = [
     "CostModel",
@@ -87,8 +87,9 @@ __all__ = [
 
 Mode = Literal["timed", "sequential"]
 
-# Tiny state shapes for the simulator's MambaPool: 16 bytes per tensor per slot, just what a stamp needs.
-# The bytes a real model moves come from the model spec (PoolSizes.bytes_per_state_slot).
+# Tiny state shapes for the simulator's MambaPool (bf16 conv and float32 temporal, MambaPool's default
+# dtypes): 16 bytes per tensor per slot, just what a stamp needs. The bytes a real model moves come from
+# the model spec (PoolSizes.bytes_per_state_slot).
 SIM_STATE_LAYERS = 1
 SIM_CONV_SHAPES = [(8,)]  # bf16: 16 bytes
 SIM_TEMPORAL_SHAPE = (4,)  # float32: 16 bytes
@@ -107,23 +108,6 @@ class SimulationError(MambaRadixError):
 
 class StateMismatchError(SimulationError, AssertionError):
     """A state slot does not hold the state of the tokens it should summarise (a cache bug)."""
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Simulated time. Defaults are round numbers for one TP8 instance of a large MoE model, not measured;
-    what matters for comparisons is that every configuration uses the same ones."""
-
-    prefill_tokens_per_s: float = 40_000.0
-    prefill_batch_overhead_s: float = 0.005
-    decode_step_s: float = 0.025
-    decode_step_per_req_s: float = 0.0002
-
-    def prefill_s(self, num_tokens: int) -> float:
-        return self.prefill_batch_overhead_s + num_tokens / self.prefill_tokens_per_s
-
-    def decode_step_time_s(self, batch_size: int) -> float:
-        return self.decode_step_s + self.decode_step_per_req_s * batch_size
 
 
 @dataclass(frozen=True)
@@ -199,7 +183,10 @@ class Engine:
     ``policy``: a research policy (:mod:`mamba_radix.policy`) for the cache; its requests' ``rid`` is the
     trace index.
 
-    Side effects: allocates the pools (the request table is ``rows x max_context_len`` int32).
+    Side effects: allocates the pools (the request table is ``rows x max_context_len`` int32, on the
+    CPU resident only in the rows and positions written); over pools of at least
+    :data:`~mamba_radix.sim.memory.LARGE_KV_TOKENS` KV tokens, first runs a full garbage collection
+    (:func:`~mamba_radix.sim.memory.release_memory`: earlier engines' trees are cyclic garbage).
     """
 
     def __init__(
@@ -216,21 +203,24 @@ class Engine:
         self.pools = pools
         self.options = options or EngineOptions()
         check_simulable(config)
-        self.max_running = config.max_running_requests(pools.state_slots)
-        self.rows_bound = "state_slots"
-        if (
-            self.options.max_running_requests is not None
-            and self.options.max_running_requests < self.max_running
-        ):
-            self.max_running, self.rows_bound = self.options.max_running_requests, "req_rows"
+        if pools.kv_tokens >= LARGE_KV_TOKENS:
+            # an engine built in a loop (Marconi's warm-up grid, a demand pass before the run) would
+            # otherwise allocate beside its predecessors' trees, still uncollected (see sim.memory)
+            release_memory()
+        self.max_running, self.rows_bound = request_rows(
+            config, pools.state_slots, self.options.max_running_requests
+        )
         if self.max_running < 1:
             raise ConfigError(
                 f"{pools.state_slots} state slots admit no request ({config.slots_per_request} per request); "
                 "give pools with more state slots (raise max_mamba_cache_size or mamba_full_memory_ratio)"
             )
         self.split: AdaptiveSplit | None = None
-        num_tokens, num_slots = pools.kv_tokens, pools.state_slots
-        if self.options.split is not None:  # attach() refuses page_size > 1
+        # the pools: as sized, or, with an adaptive split, at the physical sizes the whole budget buys as
+        # the capacity-limited pools of sim.capacity_limit (the split lends each part of the budget)
+        kv_tokens, state_slots = pools.allocator_kv_tokens(config.page_size), pools.state_slots
+        factories: dict[str, Any] = {}
+        if self.options.split is not None:
             floor = max(self.options.split.min_kv_tokens, max_context_len + 1)
             self.split = AdaptiveSplit(
                 replace(self.options.split, min_kv_tokens=floor),
@@ -240,22 +230,25 @@ class Engine:
                 pools.kv_tokens,
                 pools.state_slots,
             )
-            num_tokens, num_slots = self.split.physical_kv_tokens, self.split.physical_state_slots
-        self.mamba_pool = MambaPool(
-            num_slots,
-            SIM_STATE_LAYERS,
-            SIM_CONV_SHAPES,
-            SIM_TEMPORAL_SHAPE,
-            conv_dtypes=torch.bfloat16,
-            temporal_dtype=torch.float32,
+            kv_tokens, state_slots = self.split.physical_kv_tokens, self.split.physical_state_slots
+            factories = {"mamba_pool_factory": LimitedMambaPool, "kv_allocator_factory": limited_kv_allocator}
+        self.cache = MambaRadixCache.build(
+            config,
+            num_tokens=kv_tokens,
+            num_slots=state_slots,
+            max_running_requests=self.max_running,
+            max_context_len=max_context_len + 1,
+            num_layers=SIM_STATE_LAYERS,
+            conv_shapes=SIM_CONV_SHAPES,
+            temporal_shape=SIM_TEMPORAL_SHAPE,
+            policy=policy,
+            **factories,
         )
-        self.req_pool = HybridReqToTokenPool(self.max_running, max_context_len + 1, self.mamba_pool, config)
-        page = config.page_size  # whole pages only: a paged capacity rounds down to a page multiple
-        kv_tokens = num_tokens if page == 1 else max(pools.kv_tokens // page, 1) * page
-        self.kv_pool: KVAllocator = make_kv_allocator(kv_tokens, page)
-        self.cache = MambaRadixCache(config, self.req_pool, self.kv_pool, policy=policy)
         if self.split is not None:
             self.split.attach(self.cache)
+        self.mamba_pool = self.cache.mamba_pool
+        self.req_pool = self.cache.req_to_token_pool
+        self.kv_pool: KVAllocator = self.cache.token_to_kv_pool_allocator
         self.stamps = StampIO(self.mamba_pool)
         # state slots a fresh request takes at admission: its live slot plus its track buffer
         self.max_context_len = max_context_len

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mamba_radix.sim.reference import match_reference
+
 __all__ = ["compact_table", "load_records", "order_comparisons", "results_table", "write_report"]
 
 # columns: (header, function of a record -> str)
@@ -503,6 +505,14 @@ def _match_key(params: dict[str, Any], keys: set[str]) -> str:
     return json.dumps({k: params.get(k) for k in sorted(keys)}, sort_keys=True, default=str)
 
 
+def _same_outcome(run: dict[str, Any], ref: dict[str, Any]) -> bool:
+    """Whether two records of the same parameters have the same outcome (every outcome metric and
+    cache counter, to the last digit)."""
+    return all(run["metrics"].get(k) == ref["metrics"].get(k) for k in _OUTCOME_METRICS) and all(
+        run["cache_stats"].get(k) == ref["cache_stats"].get(k) for k in _OUTCOME_STATS
+    )
+
+
 def reference_comparison(
     records: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], name: str
 ) -> list[str]:
@@ -525,24 +535,26 @@ def reference_comparison(
     keys = (
         set().union(*(r["params"] for r in ok)) & set().union(*(r["params"] for r in ref_ok))
     ) - _NOT_MATCHED
-    by_key = {_match_key(r["params"], keys): r for r in ref_ok}
+    matches = match_reference(
+        sorted(ok, key=lambda r: str(r["run_id"])),
+        ref_ok,
+        key=lambda r: _match_key(r["params"], keys),
+        identical=_same_outcome,
+    )
     rows, identical, missing = [], 0, 0
-    for r in sorted(ok, key=lambda r: str(r["run_id"])):
-        ref = by_key.get(_match_key(r["params"], keys))
+    for m in matches:
+        r, ref = m.run, m.reference
         if ref is None:
             missing += 1
             rows.append(
                 f"| {r['run_id']} | {r['params'].get('group', '')} | {_pct(r['metrics']['token_hit_rate'])} | - | - | no reference run |"
             )
             continue
-        same = all(r["metrics"].get(k) == ref["metrics"].get(k) for k in _OUTCOME_METRICS) and all(
-            r["cache_stats"].get(k) == ref["cache_stats"].get(k) for k in _OUTCOME_STATS
-        )
-        identical += same
+        identical += m.identical
         diff = 100 * (r["metrics"]["token_hit_rate"] - ref["metrics"]["token_hit_rate"])
         rows.append(
             f"| {r['run_id']} | {r['params'].get('group', '')} | {_pct(r['metrics']['token_hit_rate'])} | "
-            f"{_pct(ref['metrics']['token_hit_rate'])} | {diff:+.2f} | {'identical' if same else 'differs'} |"
+            f"{_pct(ref['metrics']['token_hit_rate'])} | {diff:+.2f} | {'identical' if m.identical else 'differs'} |"
         )
     head = (
         f"{identical} of {len(ok)} runs identical to the reference ({name}: same cached tokens, KV matches, "

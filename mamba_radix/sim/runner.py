@@ -36,11 +36,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import get_context, parent_process
 from types import TracebackType
 from typing import Any, TypeVar
 
 from mamba_radix.errors import ConfigError
+from mamba_radix.sim.memory import release_memory
 
 __all__ = ["BACKENDS", "PROGRESS_EVERY_S", "START_METHODS", "Runner", "init_worker"]
 
@@ -105,16 +106,24 @@ def _call(
     put: Callable[[tuple[str, int]], None] | None = None,
 ) -> Any:
     """One task where it runs: ``fn(task, progress)``, progress to ``put`` (default: this worker's
-    channel); with ``capture`` an exception is returned as a :class:`_Failed`."""
+    channel); with ``capture`` an exception is returned as a :class:`_Failed`. Afterwards a worker
+    process gives the task's memory back (:func:`~mamba_radix.sim.memory.release_memory`)."""
     if put is None and _CHANNEL is not None:
         put = _CHANNEL.put_nowait
     progress = None if put is None else _throttled(run_id, put)
-    if not capture:
-        return fn(task, progress)
     try:
-        return fn(task, progress)
-    except Exception as exc:
-        return _Failed(_error_text(exc))
+        if not capture:
+            return fn(task, progress)
+        try:
+            return fn(task, progress)
+        except Exception as exc:
+            return _Failed(_error_text(exc))
+    finally:
+        # In a worker process, the finished run's tree is cyclic garbage: free it (and trim the heap)
+        # now, not while the next run is at its peak (see sim.memory). Inline tasks share the caller's
+        # heap (a test session's): a full collection there would cost more than it returns.
+        if parent_process() is not None:
+            release_memory()
 
 
 def _in_ray_task(

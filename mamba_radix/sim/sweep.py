@@ -26,14 +26,14 @@ from typing import Any
 from mamba_radix.config import CacheConfig
 from mamba_radix.defaults import Deployment, deployment_for
 from mamba_radix.errors import ConfigError
-from mamba_radix.peers import PEERS, apply_peer, peer_changes
-from mamba_radix.sim.budget import (
+from mamba_radix.peers import PEERS, RETIRED_PEERS, apply_peer, peer_changes
+from mamba_radix.sim.budget import (  # infinite_pools: re-exported (its callers' old import)
     KIMI_K3_PER_RANK_BUDGET_GIB,
     PoolSizes,
     check_sim_memory,
-    exact_pools,
+    infinite_pools,
     model_bytes,
-    pools_for_budget,
+    pools_for_run,
 )
 from mamba_radix.sim.engine import CostModel, Engine, EngineOptions, check_simulable, wall_clock
 from mamba_radix.sim.ideal import ideal_for
@@ -88,13 +88,15 @@ def peer_config(fields_set: dict[str, Any], peer: str | None) -> CacheConfig:
     policy applied on top (:func:`mamba_radix.peers.apply_peer`).
 
     A field the user gave that the peer would set to another value is a contradiction, not an override:
-    :class:`ConfigError` ``"mamba_eviction_order conflicts with peer='marconi'; drop one"`` (every
+    :class:`ConfigError` ``"mamba_eviction_order conflicts with peer='marconi-static'; drop one"`` (every
     such field named). A field given with the value the peer sets anyway is accepted. Unknown peer
     names and invalid results raise :class:`ConfigError` too. O(fields).
     """
     config = CacheConfig(**fields_set)
     if peer is None:
         return config
+    if peer in RETIRED_PEERS:
+        raise ConfigError(RETIRED_PEERS[peer])
     if peer not in PEERS:
         raise ConfigError(f"peer must be one of {', '.join(PEERS)} (or None), got {peer!r}")
     changes = peer_changes(config, peer)
@@ -217,33 +219,6 @@ def synthetic_requests(synthetic: dict[str, Any], limit: int | None = None) -> l
     return requests[:limit] if limit else requests
 
 
-def infinite_pools(
-    config: CacheConfig,
-    input_tokens: int,
-    output_tokens: int,
-    num_requests: int,
-    model: str,
-    deployment: Deployment | None = None,
-) -> PoolSizes:
-    """Pools no trace of this size can fill: every token and every checkpoint it could ever create."""
-    mb = model_bytes(model, deployment)
-    interval = max(1, config.mamba_track_interval)
-    chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else 1 << 30
-    checkpoints = num_requests * 3 + input_tokens // min(chunk, 64) + output_tokens // interval
-    running = 256
-    slots = checkpoints + running * config.slots_per_request
-    return PoolSizes(
-        kv_tokens=input_tokens + output_tokens + 1,
-        state_slots=slots,
-        max_running_requests=config.max_running_requests(slots),
-        budget_gib=float("inf"),
-        mamba_full_memory_ratio=float("nan"),
-        bytes_per_kv_token=mb.bytes_per_kv_token,
-        bytes_per_state_slot=mb.bytes_per_state_slot,
-        model=model,
-    )
-
-
 def trace_facts(
     path: str,
     fmt: str = "auto",
@@ -344,14 +319,21 @@ def _count_trace(path: str, fmt: str, block_size: int, limit: int | None, conven
 def spec_pools(
     spec: RunSpec, config: CacheConfig, input_tokens: int, output_tokens: int, num_requests: int
 ) -> PoolSizes:
-    """The pools of a run: infinite, exact (``kv_tokens`` and ``state_slots``) or split from the budget."""
-    dep = spec.deployment_defaults()
-    if spec.infinite:
-        return infinite_pools(config, input_tokens, output_tokens, num_requests, spec.model, dep)
-    if spec.kv_tokens is not None and spec.state_slots is not None:
-        return exact_pools(config, spec.kv_tokens, spec.state_slots, spec.model, dep)
-    return pools_for_budget(
-        config, spec.budget_gib, spec.mamba_full_memory_ratio, spec.max_mamba_cache_size, spec.model, dep
+    """The pools of a run (:func:`mamba_radix.sim.budget.pools_for_run`, the one sizing rule): infinite,
+    exact (``kv_tokens`` and ``state_slots``) or split from the budget."""
+    return pools_for_run(
+        config,
+        model=spec.model,
+        deployment=spec.deployment_defaults(),
+        infinite=spec.infinite,
+        kv_tokens=spec.kv_tokens,
+        state_slots=spec.state_slots,
+        budget_gib=spec.budget_gib,
+        mamba_full_memory_ratio=spec.mamba_full_memory_ratio,
+        max_mamba_cache_size=spec.max_mamba_cache_size,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        num_requests=num_requests,
     )
 
 
@@ -528,6 +510,9 @@ def _split_params(params: dict[str, Any], where: str, problems: list[str]) -> di
         if key in DEPLOYMENT_FIELDS:
             out["deployment"][key] = value
         elif key == "peer":
+            if value in RETIRED_PEERS:
+                problems.append(f"{where}: {RETIRED_PEERS[value]}")
+                continue
             if value is not None and value not in PEERS:
                 problems.append(f"{where}: peer must be one of {', '.join(PEERS)} or null, got {value!r}")
                 continue
