@@ -3,12 +3,13 @@ help, default, and where the value goes. ``mamba_radix.cli`` and ``mamba_radix.c
 parsers from it, so a flag's help and default are written once.
 
 Defaults are not restated here: a cache flag's default is its :class:`~mamba_radix.config.CacheConfig`
-field's, a cost flag's its :class:`~mamba_radix.sim.engine.CostModel` field's, a deployment flag's the
+field's, a cost flag's its :class:`~mamba_radix.cost_model.CostModel` field's, a deployment flag's the
 model's (:mod:`mamba_radix.defaults`). Every numeric flag has bounds, so an absurd value (``--input-len
 1e12``, ``--memory-budget-gb 1e15``, ``--check-invariants-every -1``) is a usage error before any work.
 
 :func:`flag_message` maps the Python argument names in a library error (``budget_gib``, ``kv_tokens``) to
-the flags that set them. No side effects on import (the cost defaults are read on first use).
+the flags that set them. No side effects on import (the cost defaults are read on first use). Nothing
+here imports torch, the cache or the simulator, so ``mamba-radix --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -97,8 +98,11 @@ def choice(options: Iterable[str]) -> Callable[[str], str]:
 
 
 def _peer(text: str) -> str:
-    from mamba_radix.peers import PEERS
+    """A preset name of :data:`~mamba_radix.peers.PEERS`; a retired one (``marconi``) says where it went."""
+    from mamba_radix.peers import PEERS, RETIRED_PEERS
 
+    if text in RETIRED_PEERS:
+        raise argparse.ArgumentTypeError(RETIRED_PEERS[text])
     return choice(PEERS)(text)
 
 
@@ -146,7 +150,8 @@ def _config_default(name: str) -> Any:
 
 
 def _cost_default(name: str) -> Any:
-    from mamba_radix.sim.engine import CostModel
+    # the light module, not sim.engine (which imports torch): --help shows these defaults
+    from mamba_radix.cost_model import CostModel
 
     return getattr(CostModel(), name)
 
@@ -265,8 +270,10 @@ def _other_flags() -> list[Flag]:
         Flag("--decode-step-per-req-s", "cost", float_in(0.0, 1e3),
              "cost model: extra seconds per decode step per running request", SIM, "engine",
              default_text="cost:decode_step_per_req_s"),
-        Flag("--peer", "peer", _peer, "a peer system's cache policy (mamba_radix.peers), applied after the other "
-             "flags; a flag it sets to another value is an error", SIM, "cache", metavar="NAME"),
+        Flag("--peer", "peer", _peer, "a peer preset: another system's cache rules as config changes "
+             "(mamba_radix.peers; marconi-static is Marconi's admission with the static flop_weighted key, "
+             "not the experiment's policy marconi), applied after the other flags; a flag it sets to another value "
+             "is an error", SIM, "cache", metavar="NAME"),
         # plan only
         Flag("--disable-radix-cache", "plan", bool_value, "no prefix caching (one slot per request)", PLAN, "cache",
              False, switch=True),
@@ -412,7 +419,7 @@ def flag_message(message: str) -> str:
 
     - ``name=value`` becomes ``--flag value`` (a quoted string unquoted; a switch's ``=True`` is the
       flag alone, ``=False`` is ``--flag false``): ``page_size=1`` -> ``--page-size 1``,
-      ``peer='marconi'`` -> ``--peer marconi``, ``overwrite=True`` -> ``--force``.
+      ``peer='marconi-static'`` -> ``--peer marconi-static``, ``overwrite=True`` -> ``--force``.
     - a bare name with an underscore becomes its flag: ``budget_gib`` -> ``--memory-budget-gb``;
       ``cost.decode_step_s`` -> ``--decode-step-s``, ``budget.rest_gib`` -> ``--memory-budget-gb``.
     - a bare name without one (``mode``, ``peer``) only as the subject of the message or of a clause

@@ -7,17 +7,25 @@ differs. The ideas come from ``reference/anchors.md`` (Marconi §1, vLLM §2) an
 ``reference/sglang-semantics.md`` (§4.5-4.6, §7.1); the code is ours (Marconi's is CC BY-NC: ideas
 only). Every description says what is *not* equivalent to the real system.
 
+**Names.** A preset is a set of config knobs; a *policy* of the experiment
+(:data:`mamba_radix.policies.registry.POLICIES`) may add a policy object. Where both exist under one
+name they mean the same rules (``sglang-0.5.20``, ``sglang-0.5.23``). Marconi has two, under two
+names: the preset ``marconi-static`` is Marconi's admission with our *static* ``flop_weighted`` eviction
+key (:func:`marconi_static`); the policy ``marconi`` is Marconi's own renormalised utility with a tuned
+alpha (:mod:`mamba_radix.policies.marconi`). The preset was called ``marconi`` before; that name now
+raises a :class:`ConfigError` pointing at both (:data:`RETIRED_PEERS`).
+
 A preset sets only policy fields, plus what the policy cannot run without (``vllm-align`` sets the page
-grid; ``vllm-align`` and ``marconi`` switch no_buffer to extra_buffer, which they need); memory budget,
-model, chunked-prefill size (except for rounding it to whole blocks) and overlap stay the caller's. The
-fields a peer sets win over the caller's: apply it after the flags.
+grid; ``vllm-align`` and ``marconi-static`` switch no_buffer to extra_buffer, which they need); memory
+budget, model, chunked-prefill size (except for rounding it to whole blocks) and overlap stay the
+caller's. The fields a peer sets win over the caller's: apply it after the flags.
 
 Use::
 
-    config = apply_peer(CacheConfig(...), "marconi")     # ConfigError for an unknown name
+    config = apply_peer(CacheConfig(...), "marconi-static")  # ConfigError for an unknown name
     changes = peer_changes(config, "vllm-align")          # the dict alone, e.g. to record in results
     sorted(PEERS)                                         # names, for a --peer choices list
-    PEERS["marconi"].description                          # one paragraph, for --help or a report
+    PEERS["marconi-static"].description                   # one paragraph, for --help or a report
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 
-__all__ = ["MARCONI_ADMISSION", "PEERS", "Peer", "apply_peer", "peer_changes"]
+__all__ = ["MARCONI_ADMISSION", "PEERS", "RETIRED_PEERS", "Peer", "apply_peer", "peer_changes"]
 
 Changes = dict[str, Any]
 
@@ -113,12 +121,15 @@ def vllm_align(config: CacheConfig) -> Changes:
 
 # Marconi's admission (MLSys'25): a prompt keeps prefill checkpoints only at its branch point and its end,
 # and a hit refreshes only the consumed node (its V2). The one home of that rule: the static preset below
-# and the faithful policy (mamba_radix.policies.marconi) both apply it.
+# (marconi_static) and the policy of Marconi's utility (mamba_radix.policies.marconi) both apply it.
 MARCONI_ADMISSION: Changes = {"mamba_checkpoint_admission": "branch_and_end", "mamba_lru_refresh": "node"}
 
 
-def marconi(config: CacheConfig) -> Changes:
-    """Marconi (MLSys'25) as config knobs: its admission and a static FLOP-aware eviction key."""
+def marconi_static(config: CacheConfig) -> Changes:
+    """The preset ``marconi-static``: Marconi (MLSys'25) as config knobs, its admission and our static
+    FLOP-aware eviction key (``flop_weighted``, one fixed ``mamba_flop_weight``). Not the policy
+    ``marconi`` (:class:`mamba_radix.policies.marconi.Marconi`: renormalised utility, alpha tuned on a
+    warm-up)."""
     return {**_extra_buffer_if_needed(config), **MARCONI_ADMISSION, "mamba_eviction_order": "flop_weighted"}
 
 
@@ -179,7 +190,9 @@ PEERS: dict[str, Peer] = {
             vllm_align,
         ),
         Peer(
-            "marconi",
+            "marconi-static",
+            "Marconi's rules as static config knobs (not the experiment's policy 'marconi', which runs "
+            "Marconi's own renormalised utility with a tuned alpha: mamba_radix.policies.marconi). "
             "Marconi (Pan et al., MLSys'25), ideas only (its code is CC BY-NC): at most two prefill "
             "checkpoints per prompt, at the branch point and at the input's end "
             "(mamba_checkpoint_admission=branch_and_end), and FLOP-aware eviction that keeps the "
@@ -192,23 +205,34 @@ PEERS: dict[str, Peer] = {
             "input's last aligned position and the decode interval; Marconi evicts KV by the same "
             "utility and merges a single-child node into its child, ours evicts KV leaf-first LRU and "
             "tombstones.",
-            marconi,
+            marconi_static,
         ),
     )
+}
+
+
+# Former preset names, each with the one-line message that says where its meaning went. "marconi" was the
+# static preset; the name now belongs to the experiment's policy alone, so a run asking for the preset by
+# its old name fails instead of silently getting either one.
+RETIRED_PEERS: dict[str, str] = {
+    "marconi": "the peer preset 'marconi' is now 'marconi-static' (Marconi's admission with the static "
+    "flop_weighted eviction key); Marconi's own utility with a tuned alpha is the policy: experiment "
+    "--policies marconi",
 }
 
 
 def _lookup(name: str) -> Peer:
     peer = PEERS.get(name)
     if peer is None:
-        raise ConfigError(f"unknown peer {name!r}; use one of {', '.join(PEERS)}")
+        raise ConfigError(RETIRED_PEERS.get(name) or f"unknown peer {name!r}; use one of {', '.join(PEERS)}")
     return peer
 
 
 def peer_changes(config: CacheConfig, name: str) -> Changes:
     """The fields peer ``name`` sets, given ``config`` (the preset's full choice, including fields that
     already have that value: record it beside a run's results). Raises :class:`ConfigError` for an
-    unknown name, listing the known ones."""
+    unknown name, listing the known ones, or for a retired one (:data:`RETIRED_PEERS`), saying where its
+    meaning went."""
     return _lookup(name).changes(config)
 
 

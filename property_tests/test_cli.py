@@ -201,20 +201,26 @@ def test_experiment_writes_report_and_plots(tmp_path: Path, capsys: pytest.Captu
 def test_peer_flag_conflicting_with_an_explicit_flag_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["simulate", "--synthetic", "tree", "--quiet", "--peer", "marconi", "--mamba-eviction-order", "leaf_first"]  # fmt: skip
+    argv = ["simulate", "--synthetic", "tree", "--quiet", "--peer", "marconi-static", "--mamba-eviction-order", "leaf_first"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert (
-        err == "mamba-radix simulate: error: --mamba-eviction-order conflicts with --peer marconi; drop one\n"
+        err
+        == "mamba-radix simulate: error: --mamba-eviction-order conflicts with --peer marconi-static; drop one\n"
     )
     # under sweep the check runs per combination, before anything runs: no results file is written
     argv = ["sweep", "--synthetic", "tree", "--quiet", "--out", str(tmp_path / "x.jsonl"),
-            "--peer", "sglang,marconi", "--mamba-lru-refresh", "path"]  # fmt: skip
+            "--peer", "sglang,marconi-static", "--mamba-lru-refresh", "path"]  # fmt: skip
     assert main(argv) == 2
     _one_line_error(capsys, "--mamba-lru-refresh conflicts with --peer sglang; drop one")
     assert not (tmp_path / "x.jsonl").exists()
     assert main(["simulate", "--synthetic", "tree", "--peer", "vllm"]) == 2
-    _one_line_error(capsys, "--peer", "marconi")
+    _one_line_error(capsys, "--peer", "marconi-static")
+    # the preset's former name: one line naming the preset it became and the policy that kept the name
+    for command in (["simulate"], ["sweep", "--out", str(tmp_path / "y.jsonl")]):
+        assert main([*command, "--synthetic", "tree", "--peer", "marconi"]) == 2
+        _one_line_error(capsys, "--peer", "'marconi-static'", "experiment --policies marconi")
+    assert not (tmp_path / "y.jsonl").exists()
 
 
 def test_simulate_with_a_peer_records_it_and_applies_it(
@@ -223,15 +229,23 @@ def test_simulate_with_a_peer_records_it_and_applies_it(
     common = ["simulate", "--synthetic", "tree", "--seed", "1", "--mode", "sequential", "--quiet",
               "--memory-budget-gb", "4", "--chunked-prefill-size", "512"]  # fmt: skip
     # the value the peer sets anyway is not a conflict
-    outs = [tmp_path / "marconi.jsonl", tmp_path / "sglang.jsonl"]
-    argv = [*common, "--out", str(outs[0]), "--peer", "marconi", "--mamba-eviction-order", "flop_weighted"]
+    outs = [tmp_path / "marconi-static.jsonl", tmp_path / "sglang.jsonl"]
+    argv = [
+        *common,
+        "--out",
+        str(outs[0]),
+        "--peer",
+        "marconi-static",
+        "--mamba-eviction-order",
+        "flop_weighted",
+    ]
     assert main(argv) == 0
-    assert "peer                marconi (admission branch_and_end" in capsys.readouterr().out
+    assert "peer                marconi-static (admission branch_and_end" in capsys.readouterr().out
     assert main([*common, "--out", str(outs[1]), "--peer", "sglang"]) == 0
     marconi, sglang = (json.loads(o.read_text()) for o in outs)
-    assert (marconi["params"]["peer"], sglang["params"]["peer"]) == ("marconi", "sglang")
+    assert (marconi["params"]["peer"], sglang["params"]["peer"]) == ("marconi-static", "sglang")
     assert marconi["params"]["mamba_checkpoint_admission"] == "branch_and_end"
-    # multi-chunk prompts (root 1,000 tokens, chunks of 512): marconi keeps fewer prefill checkpoints
+    # multi-chunk prompts (root 1,000 tokens, chunks of 512): marconi-static keeps fewer checkpoints
     assert marconi["cache_stats"]["checkpoints_inserted"] < sglang["cache_stats"]["checkpoints_inserted"]
 
 
@@ -240,19 +254,20 @@ def test_sweep_over_peers_on_a_synthetic_workload_reports_a_peer_column(
 ) -> None:
     out, report = tmp_path / "s.jsonl", tmp_path / "rep"
     argv = ["sweep", "--synthetic", "tree", "--limit", "13", "--jobs", "1", "--quiet", "--out", str(out),
-            "--report", str(report), "--peer", "sglang,marconi", "--mamba-checkpoint-admission", "all,branch_and_end",
+            "--report", str(report), "--peer", "sglang,marconi-static", "--mamba-checkpoint-admission", "all,branch_and_end",
             "--memory-budget-gb", "4"]  # fmt: skip
-    assert main(argv) == 2  # (all, marconi) and (branch_and_end, sglang) conflict
+    assert main(argv) == 2  # (all, marconi-static) and (branch_and_end, sglang) conflict
     _one_line_error(capsys, "--mamba-checkpoint-admission conflicts with --peer ")
     argv = [*argv[: argv.index("--mamba-checkpoint-admission")], "--memory-budget-gb", "4"]
     assert main(argv) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(r["params"]["peer"] for r in recs) == ["marconi", "sglang"]
+    assert sorted(r["params"]["peer"] for r in recs) == ["marconi-static", "sglang"]
     assert {r["params"]["trace"] for r in recs} == {"synthetic:tree:seed=0"}
     assert {r["metrics"]["requests"] for r in recs} == {13}
     text = (report / "report.md").read_text()
     assert (
-        "| run | group | peer | strategy |" in text and "| marconi | extra_buffer | flop_weighted |" in text
+        "| run | group | peer | strategy |" in text
+        and "| marconi-static | extra_buffer | flop_weighted |" in text
     )
     # without a peer, no peer column
     out2, report2 = tmp_path / "s2.jsonl", tmp_path / "rep2"
@@ -359,7 +374,10 @@ def test_library_argument_names_are_mapped_to_flags() -> None:
     assert flag_message("file x exists; pass overwrite=True") == "file x exists; pass --force"
     assert flag_message("cost.decode_step_s >= 0") == "--decode-step-s >= 0"
     # a name without an underscore is a flag only as the subject (or as name=value)
-    assert flag_message("peer='marconi': mode must be 'timed'") == "--peer marconi: --mode must be 'timed'"
+    assert (
+        flag_message("peer='marconi-static': mode must be 'timed'")
+        == "--peer marconi-static: --mode must be 'timed'"
+    )
     assert flag_message("the peer sets the mode; got 'x'") == "the peer sets the mode; got 'x'"
     # names no flag sets, words inside paths and values stay
     assert flag_message("model_supports_extra_buffer=True") == "model_supports_extra_buffer=True"

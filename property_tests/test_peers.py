@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mamba_radix import CacheConfig, ConfigError, RadixKey
-from mamba_radix.peers import PEERS, Peer, apply_peer, peer_changes
+from mamba_radix.peers import PEERS, RETIRED_PEERS, Peer, apply_peer, peer_changes
 from mamba_radix.testing import MambaRadixAdapter
 from mamba_radix.testing.radix_adapter import RadixSuiteParams
 from mamba_radix.tree import RadixTree
@@ -26,7 +26,7 @@ BASES = {
 
 def test_registry() -> None:
     assert sorted(PEERS) == [
-        "marconi",
+        "marconi-static",
         "sglang",
         "sglang-0.5.20",
         "sglang-0.5.23",
@@ -81,8 +81,8 @@ def test_vllm_align_puts_everything_on_the_block_grid(
 
 
 @pytest.mark.parametrize("base", ["default", "no_overlap", "no_buffer", "lazy"])
-def test_marconi_preset(base: str) -> None:
-    peered = apply_peer(BASES[base], "marconi")
+def test_marconi_static_preset(base: str) -> None:
+    peered = apply_peer(BASES[base], "marconi-static")
     assert peered.mamba_checkpoint_admission == "branch_and_end"
     assert peered.mamba_eviction_order == "flop_weighted"
     assert peered.mamba_lru_refresh == "node"
@@ -92,7 +92,7 @@ def test_marconi_preset(base: str) -> None:
 def test_unknown_peer_lists_the_known_ones() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"^unknown peer 'vllm'; use one of sglang, sglang-0.5.20, sglang-0.5.23, sglang-legacy, vllm-align, marconi$",
+        match=r"^unknown peer 'vllm'; use one of sglang, sglang-0.5.20, sglang-0.5.23, sglang-legacy, vllm-align, marconi-static$",
     ):
         apply_peer(CacheConfig(), "vllm")
     with pytest.raises(ConfigError, match=r"^unknown peer ''; use one of"):
@@ -102,9 +102,9 @@ def test_unknown_peer_lists_the_known_ones() -> None:
 def test_invalid_result_names_the_peer() -> None:
     no_kernels = CacheConfig(model_supports_extra_buffer=False)  # auto: no_buffer, page 1
     with pytest.raises(
-        ConfigError, match=r"^peer='marconi': mamba_radix_cache_strategy='extra_buffer' needs a model"
+        ConfigError, match=r"^peer='marconi-static': mamba_radix_cache_strategy='extra_buffer' needs a model"
     ):
-        apply_peer(no_kernels, "marconi")
+        apply_peer(no_kernels, "marconi-static")
     with pytest.raises(ConfigError, match=r"^peer='vllm-align': "):
         apply_peer(no_kernels, "vllm-align")
     spec = CacheConfig(mamba_track_interval=256, speculative_num_draft_tokens=128)
@@ -183,3 +183,33 @@ def test_legacy_peer_evicts_root_first_within_a_path() -> None:
     base = CacheConfig(mamba_radix_cache_strategy="no_buffer")
     assert victims(apply_peer(base, "sglang-legacy")) == [4, 1, 2, 3]  # the whole path is newest
     assert victims(apply_peer(base, "sglang")) == [1, 2, 4, 3]  # only the consumed checkpoint moved
+
+
+def test_a_name_that_is_both_a_preset_and_a_policy_means_the_same_rules() -> None:
+    """One meaning per name, no exception: every preset name that is also an experiment policy configures
+    the same cache, from every base, and adds no policy object. Marconi's two readings have two names
+    (the preset ``marconi-static``, the policy ``marconi``), so a new collision cannot slip in."""
+    from mamba_radix.policies.registry import POLICIES
+
+    shared = PEERS.keys() & POLICIES.keys()
+    assert shared == {"sglang-0.5.20", "sglang-0.5.23"}
+    for name in sorted(shared):
+        for base in BASES.values():
+            assert POLICIES[name].configure(base) == apply_peer(base, name), name
+        assert POLICIES[name].make(POLICIES[name].configure(CacheConfig()), None) is None  # type: ignore[arg-type]
+    assert "not the experiment's policy 'marconi'" in PEERS["marconi-static"].description
+    # what differs: the preset evicts by the static flop_weighted key, the policy by its own object
+    assert apply_peer(CacheConfig(), "marconi-static").mamba_eviction_order == "flop_weighted"
+    assert POLICIES["marconi"].configure(CacheConfig()).mamba_eviction_order != "flop_weighted"
+
+
+def test_the_former_preset_name_marconi_names_both_meanings() -> None:
+    """``marconi`` is the policy's name alone: asking for it as a preset is a one-line ConfigError that
+    names the preset it became and the policy that kept the name, never a silent choice of one."""
+    assert "marconi" not in PEERS and set(RETIRED_PEERS).isdisjoint(PEERS)
+    for call in (apply_peer, peer_changes):
+        with pytest.raises(ConfigError) as err:
+            call(CacheConfig(), "marconi")
+        message = str(err.value)
+        assert "\n" not in message
+        assert "'marconi-static'" in message and "experiment --policies marconi" in message

@@ -8,7 +8,7 @@ import pytest
 from lifecycle_helpers import serve_prompt
 
 from mamba_radix import CacheConfig, MambaRadixCache, Req
-from mamba_radix.policies.marconi import Marconi, marconi_config
+from mamba_radix.policies.marconi import Marconi, with_marconi_admission
 from mamba_radix.policies.ours import Sift, checkpoint_kind
 from mamba_radix.policies.registry import POLICIES, PolicyContext, run_policy
 from mamba_radix.policies.thinning import CoverageThinning, merged_gap
@@ -126,8 +126,8 @@ def test_marconi_utility_is_renormalised_recency_plus_alpha_flop_efficiency() ->
     assert chosen[10.0] == [256, 320]  # FLOP-heavy: C saves the least per byte, it goes though newest
 
 
-def test_marconi_config_is_branch_and_end_admission() -> None:
-    config = marconi_config(EXTRA)
+def test_marconi_policy_config_is_branch_and_end_admission() -> None:
+    config = with_marconi_admission(EXTRA)
     assert config.mamba_checkpoint_admission == "branch_and_end"
     assert config.mamba_lru_refresh == "node"
 

@@ -19,8 +19,9 @@ and bad flags are one line on stderr (a definition's problems one line each) and
 else is a bug and shows its traceback. Progress (in requests, across all runs, with rate and ETA) goes to
 stderr: a bar on a terminal, a line every 30 s otherwise, nothing with ``--quiet``.
 
-The subcommand modules import the simulator, matplotlib and Ray only inside their functions, so that
-``mamba-radix --help`` stays fast.
+The subcommand modules import the simulator (so torch), matplotlib and Ray only inside their run
+functions, so that ``mamba-radix --help``, ``--version`` and every ``COMMAND --help`` load none of them
+(``property_tests/test_cli_light.py`` holds that), and ``plan`` never loads torch.
 """
 
 from __future__ import annotations
@@ -92,9 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        import torch
-
-        torch.set_num_threads(1)  # tiny tensors: threads only add contention; sweeps use processes
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

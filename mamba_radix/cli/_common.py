@@ -70,6 +70,15 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def single_threaded_torch() -> None:
+    """Import torch and give it one intra-op thread: the simulator's tensors are tiny, so threads only add
+    contention (a sweep runs in processes instead). Called by the run of each subcommand that simulates
+    (not at start-up: ``--help`` and ``plan`` never load torch). Side effect: torch's global thread count."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 # ---------------------------------------------------------------------------------- checks up front
 def need_experiments_extra(what: str) -> None:
     """Fail now (before any run) when the plotting extra is missing."""

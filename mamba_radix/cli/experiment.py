@@ -32,6 +32,7 @@ from mamba_radix.cli._common import (
     failed_runs,
     need_experiments_extra,
     run_specs,
+    single_threaded_torch,
 )
 
 DEFAULT_RESULTS_DIR = "mamba-radix-results"
@@ -117,6 +118,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 # -------------------------------------------------------------------------------------------- runs
 def run(args: argparse.Namespace) -> int:
+    single_threaded_torch()
     from mamba_radix.sim.report import write_report
 
     need_experiments_extra("experiment")

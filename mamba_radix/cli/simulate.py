@@ -19,13 +19,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mamba_radix.cli._common import LIMIT, CliError, add_command, progress, warn_rejected
+from mamba_radix.cli._common import (
+    LIMIT,
+    CliError,
+    add_command,
+    progress,
+    single_threaded_torch,
+    warn_rejected,
+)
 from mamba_radix.flags import int_in
 
 EXAMPLES = """examples:
   mamba-radix simulate --limit 2000                       # bundled Mooncake trace, Kimi K3 rank
   mamba-radix simulate --limit 500 --kv-tokens 400000 --state-slots 64 --per-request hits.csv
-  mamba-radix simulate --synthetic tree --mode sequential --memory-budget-gb 8 --peer marconi
+  mamba-radix simulate --synthetic tree --mode sequential --memory-budget-gb 8 --peer marconi-static
   mamba-radix simulate --trace my.jsonl --trace-format token --out run.jsonl --json"""
 
 # where a table flag's value goes (mamba_radix.flags.Flag.where): RunSpec's parts
@@ -217,6 +224,7 @@ def make_spec(
 
 # ------------------------------------------------------------------------------------------ the run
 def run(args: argparse.Namespace) -> int:
+    single_threaded_torch()
     from mamba_radix.sim.sweep import check_new_file, count_requests, run_one
 
     out = check_new_file(args.out, args.force) if args.out else None

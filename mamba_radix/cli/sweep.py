@@ -25,6 +25,7 @@ from mamba_radix.cli._common import (
     failed_runs,
     need_experiments_extra,
     run_specs,
+    single_threaded_torch,
 )
 from mamba_radix.cli.simulate import (
     add_run_arguments,
@@ -71,6 +72,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    single_threaded_torch()
     from mamba_radix.sim.sweep import check_new_file
 
     check_new_file(args.out, args.force)

@@ -1,5 +1,7 @@
 """Marconi (Pan et al., MLSys'25, arXiv 2411.19379), reimplemented from the paper's description (its code
-is CC BY-NC: ideas only, see ``reference/anchors.md`` §1).
+is CC BY-NC: ideas only, see ``reference/anchors.md`` §1): the policy ``marconi`` of the experiment. Not the
+peer preset ``marconi-static`` (:func:`mamba_radix.peers.marconi_static`), which keeps Marconi's admission but
+evicts by our static ``flop_weighted`` key.
 
 - **Admission**: at most two prefill checkpoints per prompt, at the branch point its match found and at
   the prompt's end (config ``mamba_checkpoint_admission="branch_and_end"``), a hit refreshing only the
@@ -45,14 +47,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.sim.budget import PoolSizes
     from mamba_radix.sim.traces import TraceRequest
 
-__all__ = ["ALPHA_GRID", "Marconi", "marconi_config", "tune_alpha"]
+__all__ = ["ALPHA_GRID", "Marconi", "tune_alpha", "with_marconi_admission"]
 
 ALPHA_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
-def marconi_config(config: CacheConfig) -> CacheConfig:
+def with_marconi_admission(config: CacheConfig) -> CacheConfig:
     """``config`` with Marconi's admission (branch point and prompt end) and node refresh
-    (:data:`mamba_radix.peers.MARCONI_ADMISSION`)."""
+    (:data:`mamba_radix.peers.MARCONI_ADMISSION`); its eviction order stays (the policy object evicts).
+    O(1)."""
     return config.replace(**MARCONI_ADMISSION)
 
 

@@ -7,7 +7,9 @@
 - :mod:`~mamba_radix.testing.sglang.replay`: SGLang's scheduler rules, one request at a time;
 - :mod:`~mamba_radix.testing.sglang.parity`: the same requests through our simulator, per-request diff.
 
-No SGLang code is stored in this repository; it is downloaded and imported when a replay runs.
+No SGLang code is stored in this repository; it is downloaded and imported when a replay runs. This is
+test and benchmark tooling: install it with ``pip install "mamba-radix[sglang-tools]"`` (the ``test`` extra
+includes it); no ``mamba-radix`` command imports it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from mamba_radix.testing.sglang.loader import (
     SGLangError,
     SGLangLoadError,
     SGLangModules,
+    SGLangToolsMissingError,
     SGLangUnavailableError,
     cache_dir,
     fetch_wheel,
@@ -28,6 +31,7 @@ __all__ = [
     "SGLangError",
     "SGLangLoadError",
     "SGLangModules",
+    "SGLangToolsMissingError",
     "SGLangUnavailableError",
     "cache_dir",
     "fetch_wheel",

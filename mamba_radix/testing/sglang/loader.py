@@ -11,6 +11,12 @@ Cache folder: ``$MAMBA_RADIX_SGLANG_CACHE/<version>`` (default ``~/.cache/mamba_
 holding the wheel and an ``src/`` tree of the extracted files. A second call reuses both; concurrent
 fetches are safe (each writes to a temporary name and renames).
 
+Test and benchmark tooling, never reached by a user command (``pyproject.toml`` [tool.importlinter]
+holds that), installed with the ``sglang-tools`` extra (``pip install "mamba-radix[sglang-tools]"``): the
+download runs ``python -m pip``, which an environment made by uv or a slim image may lack; without it
+:func:`fetch_wheel` raises :class:`SGLangToolsMissingError`, one line naming the extra, before it runs
+anything. A wheel already in the cache folder needs no pip.
+
 Use::
 
     sg = load_sglang("0.5.20")                 # SGLangUnavailableError if the wheel cannot be had
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,6 +48,7 @@ __all__ = [
     "SGLangError",
     "SGLangLoadError",
     "SGLangModules",
+    "SGLangToolsMissingError",
     "SGLangUnavailableError",
     "cache_dir",
     "fetch_wheel",
@@ -48,6 +56,10 @@ __all__ = [
 ]
 
 CACHE_ENV = "MAMBA_RADIX_SGLANG_CACHE"
+# the extra that installs what this tooling needs beyond the library (pyproject.toml
+# [project.optional-dependencies]); error messages name it
+EXTRA = "sglang-tools"
+INSTALL_HINT = f'pip install "mamba-radix[{EXTRA}]"'
 _PIP_NOISE = "is ignored: it is neither a file nor a directory"
 _PIP_TIMEOUT_S = 600
 
@@ -58,6 +70,12 @@ class SGLangError(MambaRadixError):
 
 class SGLangUnavailableError(SGLangError):
     """The wheel for a version could not be fetched (no network, no such version, pip failed)."""
+
+
+class SGLangToolsMissingError(SGLangUnavailableError):
+    """The SGLang tooling is not installed: a wheel must be downloaded and this environment has no pip.
+    A kind of :class:`SGLangUnavailableError` (the wheel cannot be had), so callers that skip or report
+    an unavailable SGLang keep doing so; the message names the extra to install."""
 
 
 class SGLangLoadError(SGLangError):
@@ -150,6 +168,23 @@ def _find_wheel(folder: Path, version: str) -> Path | None:
     return found[0] if found else None
 
 
+def _pip_available() -> bool:
+    """Whether ``python -m pip`` can run in this interpreter (the ``sglang-tools`` extra installs pip).
+    O(1): a module lookup, nothing imported."""
+    return importlib.util.find_spec("pip") is not None
+
+
+def require_sglang_tools(version: str) -> None:
+    """Raise :class:`SGLangToolsMissingError` (one line, naming the extra) when downloading
+    ``sglang==version`` cannot work because the ``sglang-tools`` extra is not installed. No side effects."""
+    if not _pip_available():
+        raise SGLangToolsMissingError(
+            f"fetching sglang=={version} needs pip in this environment ({sys.executable} -m pip), which the "
+            f'{EXTRA} extra installs: {INSTALL_HINT} (uv: uv pip install "mamba-radix[{EXTRA}]"), or put '
+            f"the wheel in {cache_dir(version)}"
+        )
+
+
 def _pip_download(version: str, dest: Path, extra: list[str]) -> tuple[bool, str]:
     cmd = [sys.executable, "-m", "pip", "download", f"sglang=={version}", "--no-deps", "-q", "-d", str(dest)]
     try:
@@ -169,12 +204,15 @@ def fetch_wheel(version: str) -> Path:
 
     Tries the wheel for this interpreter first, then the CPython 3.11 manylinux wheel (only ``.py`` files
     are read, so any platform's wheel will do). Side effects: creates the cache folder, runs pip (network).
-    Raises :class:`SGLangUnavailableError` with pip's last line when neither download works.
+    Raises :class:`SGLangToolsMissingError` before anything when a download is needed and pip is missing
+    (the ``sglang-tools`` extra), :class:`SGLangUnavailableError` with pip's last line when neither
+    download works.
     """
     folder = cache_dir(version)
     wheel = _find_wheel(folder, version)
     if wheel is not None:
         return wheel
+    require_sglang_tools(version)
     folder.mkdir(parents=True, exist_ok=True)
     attempts = (
         [],
@@ -301,7 +339,8 @@ _LOADED: dict[str, SGLangModules] = {}
 def load_sglang(version: str) -> SGLangModules:
     """Import SGLang ``version``'s prefix cache (fetching the wheel if needed); memoised per process.
 
-    Raises :class:`SGLangUnavailableError` when the wheel cannot be fetched and :class:`SGLangLoadError`
+    Raises :class:`SGLangUnavailableError` when the wheel cannot be fetched (its
+    :class:`SGLangToolsMissingError` when the ``sglang-tools`` extra is missing) and :class:`SGLangLoadError`
     for an unknown version or an import the stand-ins do not cover. Side effects: network and disk on
     the first call per machine; imports torch.
     """
