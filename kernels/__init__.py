@@ -32,6 +32,11 @@ from .naive import (
     scatter_slots_ref,
     track_slots_ref,
 )
+from .quant_naive import (
+    dequantize_scatter_ref,
+    quantize_gather_ref,
+    row_len_for,
+)
 
 # The Triton side is imported lazily (PEP 562): importing triton costs about a second, and Triton decides
 # "interpreter or compiled" when a kernel is decorated, i.e. on first use here, after TRITON_INTERPRET is set.
@@ -47,6 +52,8 @@ _LAZY = {
     "track_slots_triton",
     "triton_usable",
 }
+# Checkpoint quantization kernels (kernels/triton_quant.py); that module needs triton, so it loads on use.
+_LAZY_QUANT = {"dequantize_scatter_triton", "quantize_gather_triton"}
 
 
 def __getattr__(name: str) -> Any:
@@ -54,6 +61,10 @@ def __getattr__(name: str) -> Any:
         from . import slot_move
 
         return getattr(slot_move, name)
+    if name in _LAZY_QUANT:
+        from . import triton_quant
+
+        return getattr(triton_quant, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -64,12 +75,17 @@ __all__ = [
     "bits_view",
     "copy_slots_ref",
     "copy_slots_triton",
+    "dequantize_scatter_ref",
+    "dequantize_scatter_triton",
     "fork_slots_ref",
     "fork_slots_triton",
     "gather_slots_ref",
     "gather_slots_triton",
     "move_slots_ref",
     "move_slots_triton",
+    "quantize_gather_ref",
+    "quantize_gather_triton",
+    "row_len_for",
     "scatter_slots_ref",
     "scatter_slots_triton",
     "track_slots_ref",
