@@ -20,12 +20,13 @@ from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 from mamba_radix.peers import apply_peer
 from mamba_radix.policies.future import FutureIndex, demand_hits
-from mamba_radix.policies.marconi import Marconi, marconi_config, tune_alpha
+from mamba_radix.policies.marconi import Marconi, tune_alpha, with_marconi_admission
 from mamba_radix.policies.oracle import Oracle
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.sim.split import SplitOptions
 from mamba_radix.policies.ours import Sift
+from mamba_radix.policies.sift2 import Sift2
 from mamba_radix.policies.thinning import CoverageThinning
 from mamba_radix.policies.vllm_sparse import SparseRetention
 from mamba_radix.policy import CachePolicy
@@ -150,8 +151,9 @@ POLICIES: dict[str, PolicySpec] = _by_name(
         "Marconi (MLSys'25): branch-and-end admission, utility norm(recency) + alpha * norm(FLOP "
         "efficiency) renormalised at every eviction, alpha by grid search on the first 20% of the trace.",
         "See mamba_radix.policies.marconi: tombstones instead of merges, coarser alpha grid, offline "
-        "warm-up replay instead of an online bootstrap window, our grid positions.",
-        lambda base: marconi_config(_current(base)),
+        "warm-up replay instead of an online bootstrap window, our grid positions. Not the peer preset "
+        "'marconi-static' (--peer marconi-static: the same admission, our static flop_weighted eviction key).",
+        lambda base: with_marconi_admission(_current(base)),
         _make_marconi,
     ),
     PolicySpec(
@@ -165,6 +167,17 @@ POLICIES: dict[str, PolicySpec] = _by_name(
         "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
         _current,
         lambda config, ctx: Sift(),
+    ),
+    PolicySpec(
+        "sift2",
+        "ours",
+        "Sift's successor: seven checkpoint kinds (decode; chunk end, and the chunk end before the last "
+        "chunk; branch point, and one in the last chunk; prompt end on and off the block boundary, the "
+        "block size learned from KV-match lengths), each kind's hit ratio counting live never-hit "
+        "checkpoints as misses, a checkpoint's GreedyDual gain weighted by its kind's ratio.",
+        "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
+        _current,
+        lambda config, ctx: Sift2(),
     ),
     PolicySpec(
         "oracle",
