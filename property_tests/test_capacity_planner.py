@@ -264,6 +264,31 @@ def test_random_range_grid() -> None:
     assert Workload.random_range(1000, 100, 1.0).requests == (RequestShape(1000, 100),)
 
 
+def test_random_range_zero_matches_bench_serving() -> None:
+    # SGLang's compute_random_lens: randint(max(int(len * ratio), 1), len + 1), input and output alike
+    w = Workload.random_range(1000, 100, 0.0)
+    ins = sorted({r.input_len for r in w.requests})
+    outs = sorted({r.output_len for r in w.requests})
+    assert (ins[0], ins[-1], outs[0], outs[-1]) == (1, 1000, 1, 100)
+    assert w.mean_input_len == pytest.approx(500.5, abs=1) and w.mean_output_len == pytest.approx(50.5, abs=1)
+    # floor(len * ratio), never below 1
+    assert min(r.input_len for r in Workload.random_range(1000, 100, 0.0015).requests) == 1
+    assert min(r.output_len for r in Workload.random_range(1000, 100, 0.25).requests) == 25
+    # a zero output length stays zero; None is documented as fixed lengths (ratio 1), not bench's 0
+    assert {r.output_len for r in Workload.random_range(1000, 0, 0.0).requests} == {0}
+    assert Workload.random_range(1000, 100, None).requests == (RequestShape(1000, 100),)
+
+
+def test_cli_range_ratio_zero_draws_lengths_from_one(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--model", "kimi-k3", "--memory-budget-gb", "30", "--input-len", "1000", "--output-len", "100"]
+    assert main([*args, "--random-range-ratio", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"]["num_shapes"] == 65 * 65
+    assert data["workload"]["mean_input_len"] == pytest.approx(500.5, abs=1)
+    assert main([*args, "--random-range-ratio", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["num_shapes"] == 1
+
+
 # ----------------------------------------------------------------------------------------------------- CLI
 SEED_ARGS = [
     "--model", "kimi-k3", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3", "--mamba-ssm-dtype", "bfloat16",
@@ -271,10 +296,12 @@ SEED_ARGS = [
     "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", "16", "--speculative-num-draft-tokens", "8",
     "--max-mamba-cache-size", "80", "--max-total-tokens", "1947648", "--max-running-requests", "64",
 ]  # fmt: skip
+# the seed's fixed lengths: bench_serving's default range ratio is 0 (lengths drawn from 1 up), so pin 1
+SEED_WORKLOAD = ["--input-len", "16384", "--output-len", "3072", "--random-range-ratio", "1"]
 
 
 def test_cli_table_prints_sglang_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*SEED_ARGS, "--input-len", "16384", "--output-len", "3072"]) == 0
+    assert main([*SEED_ARGS, *SEED_WORKLOAD]) == 0
     out = capsys.readouterr().out
     assert (
         "Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.14GB, ssm_state size: 2.05GB"
@@ -290,7 +317,7 @@ def test_cli_table_prints_sglang_log_lines(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*SEED_ARGS, "--input-len", "16384", "--output-len", "3072", "--json"]) == 0
+    assert main([*SEED_ARGS, *SEED_WORKLOAD, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["max_running_requests"] == 16 and data["binding"] == "mamba state cache"
     assert data["slots_per_request"] == 5 and data["allocated_slots"] == 81

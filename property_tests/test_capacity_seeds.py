@@ -266,6 +266,65 @@ def test_capped_to_16_by_the_state_cache_seed001() -> None:
     assert (skip.slots_per_request, skip.max_running_requests) == (4, 20)
 
 
+SGLANG_HEAD = (
+    "max_running_requests is capped to {n} by the mamba state cache (max_mamba_cache_size=80, {s} state slots "
+    "per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size"
+)
+BF16_HINT = ", or halve the state size with --mamba-ssm-dtype bfloat16"
+
+
+def _capped(strategy: str, ssm: str, **cache: object) -> str:
+    config = CacheConfig(mamba_radix_cache_strategy=strategy, chunked_prefill_size=6144, **cache)  # type: ignore[arg-type]
+    # no speculative decoding and no rings: every strategy (no_buffer too) sizes alike
+    r = resolve_pools(
+        _seed_sample2(
+            cache=config, mamba_ssm_dtype=ssm, enable_linear_replayssm_spec=False, max_running_requests=None
+        )
+    )
+    assert r.state_capped and r.message is not None
+    return r.message
+
+
+@pytest.mark.parametrize(
+    ("strategy", "ssm", "cache", "expected"),
+    [
+        # fp32, extra_buffer, switch off: SGLang's bf16 clause, then the switch (5 -> 4 slots)
+        ("extra_buffer", "float32", {}, SGLANG_HEAD.format(n=16, s=5)
+         + BF16_HINT + ", or set SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (4 state slots per request instead of 5)."),
+        # a 16-bit state cannot be halved again: only the switch
+        ("extra_buffer", "bfloat16", {}, SGLANG_HEAD.format(n=16, s=5)
+         + ", or set SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (4 state slots per request instead of 5)."),
+        ("extra_buffer_lazy", "bfloat16", {}, SGLANG_HEAD.format(n=20, s=4)
+         + ", or set SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (3 state slots per request instead of 4)."),
+        # the switch already on: never suggested again; bf16 state: the sentence ends after the size hint
+        ("extra_buffer", "bfloat16", {"skip_decode_lock": True}, SGLANG_HEAD.format(n=20, s=4) + "."),
+        ("extra_buffer", "float32", {"skip_decode_lock": True}, SGLANG_HEAD.format(n=20, s=4) + BF16_HINT + "."),
+        # no_buffer keeps 3 slots with the switch on: SGLang's line word for word with fp32, bare with bf16
+        ("no_buffer", "float32", {}, SGLANG_HEAD.format(n=26, s=3) + BF16_HINT + "."),
+        ("no_buffer", "bfloat16", {}, SGLANG_HEAD.format(n=26, s=3) + "."),
+    ],
+    ids=["fp32-eager", "bf16-eager", "bf16-lazy", "bf16-skip-on", "fp32-skip-on", "fp32-no-buffer", "bf16-no-buffer"],
+)  # fmt: skip
+def test_capped_warning_gives_only_hints_that_change_something(
+    strategy: str, ssm: str, cache: dict[str, object], expected: str
+) -> None:
+    assert _capped(strategy, ssm, **cache) == expected
+
+
+def test_capped_warning_without_radix_cache_never_suggests_the_switch() -> None:
+    # one slot per request with the radix cache off, switch or not
+    assert capped_message(16, 80, 1, "bfloat16", slots_per_request_with_skip_lock=1) == (
+        "max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, 1 state slots "
+        "per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size."
+    )
+    config = CacheConfig(mamba_radix_cache_strategy="no_buffer", disable_radix_cache=True)
+    r = resolve_pools(
+        _seed_sample2(cache=config, enable_linear_replayssm_spec=False, max_mamba_cache_size=10)
+    )
+    assert r.slots_per_request == 1 and r.message is not None
+    assert "SKIP_DECODE_LOCK" not in r.message and r.message.endswith("--max-mamba-cache-size.")
+
+
 def test_sample2_log_lines_from_resolution_seed001() -> None:
     r = resolve_pools(_seed_sample2())
     assert r.rings is not None

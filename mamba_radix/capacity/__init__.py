@@ -4,6 +4,7 @@
 - :mod:`~mamba_radix.capacity.memory`: bytes per KV token, per state slot, per ReplaySSM ring;
 - :mod:`~mamba_radix.capacity.sizing`: SGLang's resolution of slots, tokens and ``max_running_requests``;
 - :mod:`~mamba_radix.capacity.planner`: workload-aware checkpoints, balanced ratio, TP versus DCP;
+- :mod:`~mamba_radix.capacity.official`: SGLang's official ratio calculator and the steps to the planner's;
 - :mod:`~mamba_radix.capacity.cli`: the ``plan`` subcommand.
 """
 
@@ -33,6 +34,7 @@ from mamba_radix.capacity.models import (
     load_model,
     model_from_dict,
 )
+from mamba_radix.capacity.official import Comparison, OfficialAnswer, official_answer, official_ratio
 from mamba_radix.capacity.planner import (
     Balance,
     CheckpointCount,
@@ -65,6 +67,7 @@ __all__ = [
     "PRESETS",
     "Balance",
     "CheckpointCount",
+    "Comparison",
     "DcpOption",
     "GQAAttention",
     "KVTokenBytes",
@@ -73,6 +76,7 @@ __all__ = [
     "Mamba2Mixer",
     "MemoryBudget",
     "ModelSpec",
+    "OfficialAnswer",
     "Parallelism",
     "Plan",
     "PoolResolution",
@@ -94,6 +98,8 @@ __all__ = [
     "kv_token_bytes",
     "load_model",
     "model_from_dict",
+    "official_answer",
+    "official_ratio",
     "plan",
     "prefill_checkpoint_positions",
     "replay_ring_bytes",

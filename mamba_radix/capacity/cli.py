@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from mamba_radix.capacity.memory import GIB, Parallelism, gib, kib, mib, torch_dtype_name
 from mamba_radix.capacity.models import load_model
+from mamba_radix.capacity.official import SKIP_LOCK_ENV, Comparison, SplitOutcome
 from mamba_radix.capacity.planner import Plan, Workload, decode_slots_in_use, plan
 from mamba_radix.capacity.sizing import DEFAULT_MAMBA_FULL_MEMORY_RATIO, MemoryBudget, SizingInputs
 from mamba_radix.config import CacheConfig
@@ -99,7 +100,9 @@ def build_workload(args: argparse.Namespace) -> Workload | None:
         return None
     if args.input_len is None or args.output_len is None:
         raise ConfigError("a length workload needs both --input-len and --output-len")
-    return Workload.random_range(args.input_len, args.output_len, args.random_range_ratio)
+    # absent: bench_serving's own default, 0.0 (the flag table's); None would mean fixed lengths
+    ratio = 0.0 if args.random_range_ratio is None else args.random_range_ratio
+    return Workload.random_range(args.input_len, args.output_len, ratio)
 
 
 def _mb(num_bytes: int) -> str:
@@ -221,6 +224,8 @@ def _format_workload(p: Plan, add: Callable[[str], None]) -> None:
             f"  in {memory:.2f} GB a balanced split runs {p.max_concurrency_admission} requests "
             f"({p.max_concurrency_with_checkpoints} keeping their checkpoints)"
         )
+    if p.official is not None:
+        _format_official(p.official, add)
     if len(p.dcp_options) > 1:
         add(f"TP {r.inputs.parallelism.tp_size} vs DCP")
         add("  dcp  KV/token/GPU  ratio(admission)  ratio(checkpoints)  max running")
@@ -230,6 +235,68 @@ def _format_workload(p: Plan, add: Callable[[str], None]) -> None:
                 f"  {o.dcp_size:>3}  {kib(o.kv_bytes_per_token):>9.3g} KB  {o.ratio_admission:>16.3f}  "
                 f"{o.ratio_with_checkpoints:>18.3f}  {running:>11}"
             )
+
+
+def _signed(value: float | int | None, fmt: str) -> str:
+    return "-" if value is None else format(value, "+" + fmt)
+
+
+def _format_official(c: Comparison, add: Callable[[str], None]) -> None:
+    """The "official calculator vs corrected" section: the official r*, then one line per step with its
+    difference from the step before (they add up to corrected minus official), then the corrected totals."""
+    o = c.official
+    budget = "" if o.budget_gib is None else f", in {o.budget_gib:.2f} GB"
+    add(f"official calculator vs corrected (same deployment and workload{budget})")
+    skip = f" ({o.slots_per_request_without_skip_lock} - {o.skip_lock_drop} under {SKIP_LOCK_ENV})"
+    add(
+        f"  official r* = (S + D) x token_equiv x dcp / L = ({o.slots_per_request}{skip if o.skip_lock_drop else ''}"
+        f" + {o.draft_tokens}) x {o.token_equiv:,.1f} x {o.dcp_size} / {o.context_len:,.1f} = {o.ratio:.3f}"
+    )
+    add(
+        f"    token_equiv = {o.state_bytes_per_slot:,} B per slot / {o.kv_bytes_per_token:,} B per token "
+        "(per GPU, KV before DCP)"
+    )
+    header = f"  {'':<44}{'ratio':>8}{'slots':>8}{'running':>9}{'w/ ckpts':>10}{'kept':>8}"
+    add(header)
+
+    def row(label: str, ratio: str, out: SplitOutcome | None, kept: str, totals: bool) -> None:
+        if out is None:
+            cells = f"{'-':>8}{'-':>9}{'-':>10}"
+        elif totals:
+            cells = f"{out.slots:>8}{out.max_running_requests:>9}{out.running_with_checkpoints:>10}"
+        else:
+            cells = ""
+        add(f"  {label:<44}{ratio:>8}{cells}{kept:>8}")
+
+    row("official calculator", f"{o.ratio:.3f}", o.outcome, "0", True)
+    for before, after in c.deltas():
+        label = f"{after.seed}. {after.name}" if after.seed else f"+ {after.name}"
+        b, a = before.outcome, after.outcome
+        if b is None or a is None:
+            cells = f"{'-':>8}{'-':>9}{'-':>10}"
+        else:
+            cells = (
+                f"{_signed(a.slots - b.slots, 'd'):>8}{_signed(a.max_running_requests - b.max_running_requests, 'd'):>9}"
+                f"{_signed(a.running_with_checkpoints - b.running_with_checkpoints, 'd'):>10}"
+            )
+        kept = _signed(after.kept_per_request - before.kept_per_request, ".2f")
+        add(f"  {label:<44}{_signed(after.ratio - before.ratio, '.3f'):>8}{cells}{kept:>8}")
+        add(f"      {after.detail}")
+    final = c.corrected
+    row(
+        "corrected (recommendation, keep checkpoints)",
+        f"{final.ratio:.3f}",
+        final.outcome,
+        f"{final.kept_per_request:.2f}",
+        True,
+    )
+    add(
+        "  slots: max_mamba_cache_size at that ratio; running: SGLang's max_running_requests; w/ ckpts: "
+        "requests running at once that keep their checkpoints"
+    )
+    for label, out in (("official", o.outcome), ("corrected", final.outcome)):
+        if out is not None and out.error is not None:
+            add(f"  at the {label} ratio SGLang would not start: {out.error}")
 
 
 def run_plan(args: argparse.Namespace) -> int:

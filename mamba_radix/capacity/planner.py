@@ -11,7 +11,8 @@ multiplied by the TP size). This module adds them on top of :mod:`mamba_radix.ca
 - :func:`balance`: the ``mamba_full_memory_ratio`` / ``max_mamba_cache_size`` at which both pools fill
   together at a target concurrency, and the highest concurrency a budget allows;
 - :func:`compare_dcp`: the same for every DCP size the model allows at a TP size;
-- :func:`plan`: all of it for one configuration (what ``mamba-radix plan`` prints).
+- :func:`plan`: all of it for one configuration (what ``mamba-radix plan`` prints), with the official
+  calculator's answer beside it and the named steps between the two (:mod:`mamba_radix.capacity.official`).
 
 Assumptions, stated once: a running request holds at its peak the KV of its whole sequence but the last
 output token (``input + output - 1``: the last sampled token is never fed back, so its KV is never
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba_radix.capacity.memory import GIB, Parallelism, kv_token_bytes
+from mamba_radix.capacity.official import Comparison, compare
 from mamba_radix.capacity.sizing import PoolResolution, SizingInputs, resolve_pools
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError, TraceFileError, TraceFormatError
@@ -133,13 +135,15 @@ class Workload:
 
     @classmethod
     def random_range(cls, input_len: int, output_len: int, range_ratio: float | None) -> Workload:
-        """SGLang bench's random dataset: lengths uniform in ``[max(1, len * ratio), len]``, independently.
+        """SGLang bench's random dataset (``compute_random_lens``): each length uniform, independently, in
+        ``[max(1, floor(len * ratio)), len]``; an output length of 0 stays 0.
 
-        Taken as an even grid of :data:`RANGE_POINTS` points per length (deterministic; ratio 1 = fixed;
-        ``None``, a ratio not given, means 1). Raises :class:`ConfigError` for a ratio outside [0, 1] or
-        lengths :class:`RequestShape` refuses.
+        Taken as an even grid of :data:`RANGE_POINTS` points per length (deterministic). Ratio 1 gives the
+        fixed lengths; ratio 0 (bench_serving's default) lengths from 1 up. ``None`` is **not** bench's
+        default: it means fixed lengths, like ratio 1 (pass 0.0 for bench's default). Raises
+        :class:`ConfigError` for a ratio outside [0, 1] or lengths :class:`RequestShape` refuses.
         """
-        if range_ratio is None:  # the flag not given: fixed lengths, as bench's default ratio 1
+        if range_ratio is None:  # a library caller asking for fixed lengths (documented above)
             range_ratio = 1.0
         ok = isinstance(range_ratio, (int, float)) and not isinstance(range_ratio, bool)
         if not ok or not 0 <= range_ratio <= 1:
@@ -148,11 +152,13 @@ class Workload:
         if range_ratio == 1:
             return cls.fixed(input_len, output_len)
 
-        def grid(n: int, floor: int) -> list[int]:
-            lo = max(int(n * range_ratio), floor)
+        def grid(n: int) -> list[int]:
+            if n == 0:  # bench draws no output tokens for a zero length
+                return [0]
+            lo = max(int(n * range_ratio), 1)
             return sorted({lo + round(i * (n - lo) / (RANGE_POINTS - 1)) for i in range(RANGE_POINTS)})
 
-        shapes = tuple(RequestShape(i, o) for i in grid(input_len, 1) for o in grid(output_len, 0))
+        shapes = tuple(RequestShape(i, o) for i in grid(input_len) for o in grid(output_len))
         return cls(shapes, f"in {input_len} / out {output_len}, range ratio {range_ratio:g}")
 
     @classmethod
@@ -435,6 +441,12 @@ class Balance:
     slot_bytes: int  # per GPU, incl. rings
     slots_per_request: int
     kept_checkpoints_per_request: float
+    draft_states_per_request: int = 0
+
+    @property
+    def draft_states(self) -> int:
+        """Intermediate states of the running requests (0 without plain speculative decoding)."""
+        return self.concurrency * self.draft_states_per_request
 
     @property
     def slots_admission(self) -> int:
@@ -454,15 +466,15 @@ class Balance:
 
     @property
     def ratio_admission(self) -> float:
-        return self.slots_admission * self.slot_bytes / self.kv_bytes
+        return (self.slots_admission + self.draft_states) * self.slot_bytes / self.kv_bytes
 
     @property
     def ratio_with_checkpoints(self) -> float:
-        return self.slots_with_checkpoints * self.slot_bytes / self.kv_bytes
+        return (self.slots_with_checkpoints + self.draft_states) * self.slot_bytes / self.kv_bytes
 
     def bytes_needed(self, with_checkpoints: bool = False) -> float:
         slots = self.slots_with_checkpoints if with_checkpoints else self.slots_admission
-        return self.kv_bytes + slots * self.slot_bytes
+        return self.kv_bytes + (slots + self.draft_states) * self.slot_bytes
 
 
 def balance(resolution: PoolResolution, workload: Workload, concurrency: int | None = None) -> Balance:
@@ -476,10 +488,11 @@ def balance(resolution: PoolResolution, workload: Workload, concurrency: int | N
     tokens = workload.mean_peak_kv_len
     per_request_kv = tokens * float(resolution.kv.bytes_per_token)
     slot = resolution.bytes_per_slot
+    draft = _draft_states_per_request(resolution)
     if concurrency is None:
         rest = resolution.rest_bytes
         if rest is not None:
-            concurrency = max(1, int(rest // (per_request_kv + cache.slots_per_request * slot)))
+            concurrency = max(1, int(rest // (per_request_kv + (cache.slots_per_request + draft) * slot)))
         else:
             concurrency = resolution.max_running_requests
     if concurrency < 1:
@@ -491,7 +504,15 @@ def balance(resolution: PoolResolution, workload: Workload, concurrency: int | N
         slot_bytes=slot,
         slots_per_request=cache.slots_per_request,
         kept_checkpoints_per_request=counts.mean_kept,
+        draft_states_per_request=draft,
     )
+
+
+def _draft_states_per_request(resolution: PoolResolution) -> int:
+    """D: the intermediate states SGLang reserves per running request under plain speculative decoding
+    (0 without it, and with ReplaySSM, whose rings replace them)."""
+    inputs = resolution.inputs
+    return (inputs.verify_tokens or 0) if inputs.reserves_intermediate_states else 0
 
 
 def _check_plan_args(resolution: object, workload: object) -> None:
@@ -549,6 +570,7 @@ def compare_dcp(resolution: PoolResolution, workload: Workload, concurrency: int
             slot_bytes=resolution.bytes_per_slot,
             slots_per_request=inputs.cache.slots_per_request,
             kept_checkpoints_per_request=counts.mean_kept,
+            draft_states_per_request=_draft_states_per_request(resolution),
         )
         per_request = bal.bytes_needed() / concurrency
         options.append(
@@ -580,6 +602,7 @@ class Plan:
     workload_binding: str | None  # which pool runs out first for this workload
     state_usage_at_max_running: float  # slots in use by decoding requests / pool
     dcp_options: tuple[DcpOption, ...]
+    official: Comparison | None = None  # the official calculator and the steps from it to ``balance``
 
     def to_dict(self) -> dict[str, Any]:
         return _plan_dict(self)
@@ -599,6 +622,7 @@ def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: in
     counts = expected_workload_checkpoints(cache, workload)
     single = workload.requests[0] if len(workload.requests) == 1 else None
     per_request = expected_checkpoints(cache, single.input_len, single.output_len) if single else None
+    bal = balance(resolution, workload, concurrency)
     kv_usage = kv_limit = binding = None
     if resolution.num_tokens:
         kv_usage = resolution.max_running_requests * workload.mean_peak_kv_len / resolution.num_tokens
@@ -610,7 +634,7 @@ def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: in
         workload=workload,
         checkpoints=counts,
         per_request=per_request,
-        balance=balance(resolution, workload, concurrency),
+        balance=bal,
         max_concurrency_admission=max_balanced_concurrency(resolution, workload, with_checkpoints=False),
         max_concurrency_with_checkpoints=max_balanced_concurrency(
             resolution, workload, with_checkpoints=True
@@ -620,6 +644,32 @@ def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: in
         workload_binding=binding,
         state_usage_at_max_running=state_usage,
         dcp_options=tuple(compare_dcp(resolution, workload, concurrency or 1)),
+        official=_official_vs_corrected(resolution, workload, counts, bal),
+    )
+
+
+def _official_vs_corrected(
+    resolution: PoolResolution, workload: Workload, counts: WorkloadCheckpoints, bal: Balance
+) -> Comparison:
+    """The official calculator beside :func:`balance`'s keep-checkpoints answer (see
+    :func:`mamba_radix.capacity.official.compare`). Counts the workload's checkpoints once more without
+    the per-path cap: O(shapes)."""
+    cache = resolution.inputs.cache
+    uncapped = (
+        counts
+        if cache.mamba_max_states_per_path < 0
+        else expected_workload_checkpoints(cache.replace(mamba_max_states_per_path=-1), workload)
+    )
+    return compare(
+        resolution,
+        context_len=workload.mean_total_len,
+        peak_kv_len=workload.mean_peak_kv_len,
+        kept_uncapped=uncapped.mean_kept,
+        kept=counts.mean_kept,
+        max_states_per_path=cache.mamba_max_states_per_path,
+        concurrency=bal.concurrency,
+        corrected_ratio=bal.ratio_with_checkpoints,
+        corrected_slots=bal.slots_with_checkpoints,
     )
 
 
@@ -707,4 +757,6 @@ def _plan_dict(p: Plan) -> dict[str, Any]:
             }
             for o in p.dcp_options
         ]
+        if p.official is not None:
+            out["official_vs_corrected"] = p.official.to_dict()
     return out

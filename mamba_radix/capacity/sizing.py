@@ -255,28 +255,58 @@ class PoolResolution:
 
     @property
     def message(self) -> str | None:
-        """SGLang's warning when the state pool caps concurrency (seed 001 §5.1), else None."""
+        """SGLang's warning when the state pool caps concurrency (seed 001 §5.1), else None; its hints are
+        only those that would raise the cap here (:func:`capped_message`)."""
         if not self.state_capped:
             return None
+        cache = self.inputs.cache
+        with_switch = (
+            None if cache.skip_decode_lock else cache.replace(skip_decode_lock=True).slots_per_request
+        )
         return capped_message(
-            self.max_running_requests, self.num_slots, self.slots_per_request, self.state.ssm_dtype
+            self.max_running_requests,
+            self.num_slots,
+            self.slots_per_request,
+            self.state.ssm_dtype,
+            slots_per_request_with_skip_lock=with_switch,
         )
 
 
-def capped_message(max_running_requests: int, num_slots: int, slots_per_request: int, ssm_dtype: str) -> str:
+def capped_message(
+    max_running_requests: int,
+    num_slots: int,
+    slots_per_request: int,
+    ssm_dtype: str,
+    *,
+    slots_per_request_with_skip_lock: int | None = None,
+) -> str:
     """The seed's line: "max_running_requests is capped to 16 by the mamba state cache
-    (max_mamba_cache_size=80, 5 state slots per request). To raise it: ..."; the last hint is SGLang's
-    (halve the state with bf16) when the SSM state is fp32, and the skip-decode-lock reservation otherwise,
-    since a 16-bit state cannot be halved that way again."""
+    (max_mamba_cache_size=80, 5 state slots per request). To raise it: increase --mamba-full-memory-ratio
+    or --max-mamba-cache-size, ...", keeping only the hints that change something. O(1), pure.
+
+    - SGLang's own "or halve the state size with --mamba-ssm-dtype bfloat16" only for an fp32 SSM state
+      (a 16-bit state cannot be halved that way);
+    - "or set SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (4 state slots per request instead of 5)" only when
+      ``slots_per_request_with_skip_lock`` (the reservation the switch would give; None when it is already
+      on) is below ``slots_per_request``: not under no_buffer, nor with the radix cache disabled;
+    - neither: the sentence ends after the ratio / size hint.
+
+    With an fp32 state and no switch to suggest, the line is SGLang's word for word.
+    """
     head = (
         f"max_running_requests is capped to {max_running_requests} by the mamba state cache "
         f"(max_mamba_cache_size={num_slots}, {slots_per_request} state slots per request)."
     )
+    hints = ["increase --mamba-full-memory-ratio or --max-mamba-cache-size"]
     if ssm_dtype == "float32":
-        last = "or halve the state size with --mamba-ssm-dtype bfloat16."
-    else:
-        last = "or reserve one slot less per request with SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1."
-    return f"{head} To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, {last}"
+        hints.append("halve the state size with --mamba-ssm-dtype bfloat16")
+    with_switch = slots_per_request_with_skip_lock
+    if with_switch is not None and with_switch < slots_per_request:
+        hints.append(
+            f"set SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 ({with_switch} state slots per request "
+            f"instead of {slots_per_request})"
+        )
+    return f"{head} To raise it: {', or '.join(hints)}."
 
 
 def resolve_pools(inputs: SizingInputs) -> PoolResolution:
