@@ -25,6 +25,7 @@ __all__ = [
     "LRU_REFRESH_MODES",
     "SLOT_HEADROOM_MODES",
     "STRATEGIES",
+    "UNIFIED_GIVE_WAY_RULES",
     "CacheConfig",
     "CheckpointAdmission",
     "EvictionOrder",
@@ -33,6 +34,7 @@ __all__ = [
     "SlotBudget",
     "SlotHeadroom",
     "Strategy",
+    "UnifiedGiveWay",
 ]
 
 Strategy = Literal["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]
@@ -41,6 +43,7 @@ EvictionOrder = Literal["leaf_first", "root_first", "mixed", "flop_weighted"]
 LruRefresh = Literal["node", "path"]
 CheckpointAdmission = Literal["all", "branch_and_end"]
 SlotHeadroom = Literal["exact", "per_chunk"]
+UnifiedGiveWay = Literal["sglang", "older_victim", "floor"]
 
 STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed", "flop_weighted")
@@ -65,6 +68,9 @@ DEFAULT_FLOP_CROSSOVER = 65536
 
 
 DISAGGREGATION_MODES: tuple[str, ...] = ("null", "prefill", "decode")
+# who gives way when the unified pool's two sides meet (mamba_radix.pools.unified re-exports it as
+# GIVE_WAY_RULES and states each rule)
+UNIFIED_GIVE_WAY_RULES: tuple[str, ...] = ("sglang", "older_victim", "floor")
 
 # Fields that take one of a fixed set of names, and the names (the CLI's choices read it too).
 FIELD_CHOICES: dict[str, tuple[str, ...]] = {
@@ -74,6 +80,7 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "mamba_lru_refresh": LRU_REFRESH_MODES,
     "mamba_slot_headroom": SLOT_HEADROOM_MODES,
     "disaggregation_mode": DISAGGREGATION_MODES,
+    "unified_memory_give_way": UNIFIED_GIVE_WAY_RULES,
 }
 
 
@@ -189,6 +196,14 @@ class CacheConfig:
     - ``mamba_decode_insert``: hand each decode checkpoint to the tree at once (``cache_unfinished_req``
       at every decode boundary: not SGLang, which only tracks during decode and inserts the newest tracked
       state at finish; an opt-in policy).
+
+    Unified memory (SGLang's ``--enable-unified-memory``; :mod:`mamba_radix.pools.unified`):
+
+    - ``enable_unified_memory``: KV and states share one byte budget, states growing up and KV down until
+      they meet; the start-up ratio only fixes the budget. Refused with speculative decoding and PD
+      disaggregation (the seeds' incompatibilities; the host tier and DCP > 1 have no field here).
+    - ``unified_memory_give_way``: who gives way when the sides meet: ``sglang`` (the requester evicts its
+      own, a state shortfall then evicts KV), ``older_victim`` or ``floor``.
     """
 
     page_size: int = 1
@@ -213,12 +228,16 @@ class CacheConfig:
     mamba_slot_headroom: SlotHeadroom = "exact"
     mamba_kv_only_leaves: bool = True
     mamba_decode_insert: bool = False
+    # unified memory (SGLang's --enable-unified-memory)
+    enable_unified_memory: bool = False
+    unified_memory_give_way: UnifiedGiveWay = "sglang"
 
     def __post_init__(self) -> None:
         self._check_types()
         self._check_choices()
         self._check_ranges()
         self._check_strategy()
+        self._check_unified_memory()
 
     # ----------------------------------------------------------------------------------------- validation
     def _check_types(self) -> None:
@@ -329,6 +348,20 @@ class CacheConfig:
                     f"(disaggregation_mode={self.disaggregation_mode!r}); "
                     "use mamba_radix_cache_strategy='extra_buffer'"
                 )
+
+    def _check_unified_memory(self) -> None:
+        if not self.enable_unified_memory:
+            return
+        if self.speculative_num_draft_tokens > 0:
+            raise ConfigError(
+                f"enable_unified_memory=True does not support speculative decoding (speculative_num_draft_tokens="
+                f"{self.speculative_num_draft_tokens}); set speculative_num_draft_tokens=0 or disable unified memory"
+            )
+        if self.disaggregation_mode != "null":
+            raise ConfigError(
+                f"enable_unified_memory=True does not support PD disaggregation (disaggregation_mode="
+                f"{self.disaggregation_mode!r}); set disaggregation_mode='null' or disable unified memory"
+            )
 
     # -------------------------------------------------------------------------------------- derived values
     @property

@@ -1,4 +1,5 @@
-"""Memory pools: the request table, KV index allocators, KV storage and the recurrent-state pool.
+"""Memory pools: the request table, KV index allocators, KV storage, the recurrent-state pool, and the
+unified memory pool (KV and states in one byte buffer, :mod:`~mamba_radix.pools.unified`).
 
 Semantics follow SGLang's ``mem_cache`` pools (seed 003, ``reference/sglang-semantics.md`` §6); the
 contracts are in ``docs/architecture.md``. Every pool works on a chosen torch device, reports
@@ -20,18 +21,26 @@ from mamba_radix.pools.mamba_pool import MambaPool
 from mamba_radix.pools.paged_allocator import PagedTokenToKVPoolAllocator, get_last_loc
 from mamba_radix.pools.req_to_token import ReqToTokenPool
 from mamba_radix.pools.token_allocator import TokenToKVPoolAllocator
+from mamba_radix.pools.unified import GIVE_WAY_RULES, UnifiedMemoryPool
+from mamba_radix.pools.unified_checks import check_unified
+from mamba_radix.pools.unified_layout import KVLayout, StateLayout
 
 __all__ = [
+    "GIVE_WAY_RULES",
     "HybridLinearKVPool",
     "HybridReqToTokenPool",
     "KVAllocator",
+    "KVLayout",
     "LinearLayerCache",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
     "MambaPool",
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
+    "StateLayout",
     "TokenToKVPoolAllocator",
+    "UnifiedMemoryPool",
+    "check_unified",
     "get_last_loc",
     "make_kv_allocator",
 ]

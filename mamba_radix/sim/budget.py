@@ -49,6 +49,7 @@ __all__ = [
     "pools_for_run",
     "request_rows",
     "sizing_inputs",
+    "unified_pools_for_budget",
 ]
 
 # Kimi K3 at TP8 on one rank, as in the seeds: 974,656 bf16 MLA tokens (25.10 GiB) + 80 bf16 state
@@ -214,6 +215,42 @@ def pools_for_budget(
         bytes_per_state_slot=int(res.bytes_per_slot),
         model=model,
     )
+
+
+def unified_pools_for_budget(
+    config: CacheConfig,
+    budget_gib: float = KIMI_K3_PER_RANK_BUDGET_GIB,
+    mamba_full_memory_ratio: float = 0.9,
+    model: str = "kimi-k3",
+    deployment: Deployment | None = None,
+) -> tuple[PoolSizes, int]:
+    """Pools for ``enable_unified_memory``: ``(sizes, shared_bytes)``. Both pools are sized physically
+    for the whole budget (every byte may become KV tokens or state slots) and draw on ``shared_bytes``
+    together (:class:`~mamba_radix.sim.capacity_limit.SharedByteBudget`); the ratio only fixes the
+    start-up split, hence the running-request bound (:func:`pools_for_budget`'s), as in SGLang. No side
+    effects. Raises :class:`ConfigError` as :func:`pools_for_budget` does, and when the budget cannot hold
+    the slots one running request reserves next to one KV token."""
+    split = pools_for_budget(config, budget_gib, mamba_full_memory_ratio, None, model, deployment)
+    total = int(budget_gib * GIB)
+    need = config.slots_per_request * split.bytes_per_state_slot + split.bytes_per_kv_token
+    if total < need:
+        raise ConfigError(
+            f"{budget_gib:g} GiB cannot hold the {config.slots_per_request} state slots one running request "
+            f"reserves and one KV token ({need:,} B); raise the budget"
+        )
+    tokens, slots = total // split.bytes_per_kv_token, total // split.bytes_per_state_slot
+    _check_pool_limits(tokens, slots, f"budget_gib {budget_gib:g} (unified)")
+    sizes = PoolSizes(
+        kv_tokens=tokens,
+        state_slots=slots,
+        max_running_requests=split.max_running_requests,
+        budget_gib=budget_gib,
+        mamba_full_memory_ratio=mamba_full_memory_ratio,
+        bytes_per_kv_token=split.bytes_per_kv_token,
+        bytes_per_state_slot=split.bytes_per_state_slot,
+        model=model,
+    )
+    return sizes, total
 
 
 def exact_pools(

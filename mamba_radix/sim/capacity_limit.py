@@ -8,6 +8,10 @@ unchanged); ``available_size()`` and ``alloc`` just act as if the pool were smal
 A research hook, so it lives with the simulator: the core pools (:mod:`mamba_radix.pools`) know nothing of
 it, and the engine builds these subclasses only for a run with a split. Each override is one integer test
 before the core method while nothing is withheld.
+
+Unified memory (``enable_unified_memory``) uses the same pools another way: both draw on one
+:class:`SharedByteBudget`, so the state slots and KV tokens a run may hold move with its load (the counting
+form of :class:`~mamba_radix.pools.UnifiedMemoryPool`, without fragmentation: SGLang compacts each side).
 """
 
 from __future__ import annotations
@@ -20,7 +24,49 @@ from mamba_radix.errors import ConfigError, InvalidArgument
 from mamba_radix.pools import MambaPool, TokenToKVPoolAllocator
 from mamba_radix.pools._indices import check_count
 
-__all__ = ["CapacityLimit", "LimitedKVAllocator", "LimitedMambaPool", "limited_kv_allocator"]
+__all__ = [
+    "CapacityLimit",
+    "LimitedKVAllocator",
+    "LimitedMambaPool",
+    "SharedByteBudget",
+    "limited_kv_allocator",
+]
+
+
+class SharedByteBudget:
+    """``total_bytes`` that a KV allocator (``bytes_per_kv_token`` each) and a state pool
+    (``bytes_per_state_slot`` each) draw on together: an id may be handed out only while ``used`` of
+    both, in bytes, stays within the budget. Attach it with :meth:`attach` to both pools (sized
+    physically for the whole budget); their ``available_size()`` and ``alloc`` then honour it. Who gives
+    way when it is spent is the caller's eviction (the pool's give-way rule). O(1) per query."""
+
+    def __init__(self, total_bytes: int, bytes_per_kv_token: int, bytes_per_state_slot: int) -> None:
+        for name, value in (
+            ("total_bytes", total_bytes),
+            ("bytes_per_kv_token", bytes_per_kv_token),
+            ("bytes_per_state_slot", bytes_per_state_slot),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        self.total_bytes = total_bytes
+        self.unit_bytes = {"kv": bytes_per_kv_token, "state": bytes_per_state_slot}
+        self.pools: dict[str, CapacityLimit] = {}
+
+    def attach(self, kv_allocator: LimitedKVAllocator, state_pool: LimitedMambaPool) -> None:
+        """Make both pools draw on this budget. Raises :class:`InvalidArgument` (nothing changed) when
+        what they hold already exceeds it. O(1)."""
+        used = kv_allocator.used * self.unit_bytes["kv"] + state_pool.used * self.unit_bytes["state"]
+        if used > self.total_bytes:
+            raise InvalidArgument(f"the pools hold {used:,} B, more than the {self.total_bytes:,} B budget")
+        self.pools = {"kv": kv_allocator, "state": state_pool}
+        kv_allocator.shared = state_pool.shared = self
+
+    def used_bytes(self) -> int:
+        return sum(p.used * self.unit_bytes[k] for k, p in self.pools.items())
+
+    def free_units(self, kind: str) -> int:
+        """KV tokens (``kind="kv"``) or state slots the unspent bytes buy. O(1)."""
+        return (self.total_bytes - self.used_bytes()) // self.unit_bytes[kind]
 
 
 class CapacityLimit:
@@ -33,6 +79,7 @@ class CapacityLimit:
     size: int
     used: int  # allocated ids (each pool defines it)
     withheld: int = 0  # free ids the pool does not hand out (capacity = size - withheld)
+    shared: SharedByteBudget | None = None  # unified memory: the byte budget both pools draw on
 
     @property
     def capacity(self) -> int:
@@ -57,8 +104,9 @@ class LimitedMambaPool(CapacityLimit, MambaPool):
     ``available_size()``, so it honours the capacity too."""
 
     def available_size(self) -> int:
-        """Free slots less the :attr:`withheld` ones. O(1)."""
-        return MambaPool.available_size(self) - self.withheld
+        """Free slots less the :attr:`withheld` ones, at most what the shared budget buys. O(1)."""
+        free = MambaPool.available_size(self) - self.withheld
+        return free if self.shared is None else min(free, self.shared.free_units("state"))
 
     @overload
     def alloc(self, num_slots: int) -> torch.Tensor | None: ...
@@ -67,7 +115,7 @@ class LimitedMambaPool(CapacityLimit, MambaPool):
     def alloc(self, num_slots: int, *, as_list: bool = False) -> torch.Tensor | list[int] | None:
         """:meth:`MambaPool.alloc`, or ``None`` and nothing taken past the capacity. O(num_slots)."""
         check_count(num_slots, "num_slots")
-        if self.withheld and num_slots > self.available_size():
+        if (self.withheld or self.shared is not None) and num_slots > self.available_size():
             return None
         return MambaPool.alloc(self, num_slots, as_list=as_list)  # type: ignore[call-overload]
 
@@ -77,14 +125,16 @@ class LimitedKVAllocator(CapacityLimit, TokenToKVPoolAllocator):
     (the split moves single tokens: page size 1 only)."""
 
     def available_size(self) -> int:
-        """Free KV indices less the :attr:`withheld` ones. O(1), no device sync."""
-        return TokenToKVPoolAllocator.available_size(self) - self.withheld
+        """Free KV indices less the :attr:`withheld` ones, at most what the shared budget buys. O(1), no
+        device sync."""
+        free = TokenToKVPoolAllocator.available_size(self) - self.withheld
+        return free if self.shared is None else min(free, self.shared.free_units("kv"))
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """:meth:`TokenToKVPoolAllocator.alloc`, or ``None`` and nothing taken past the capacity.
         O(num_tokens) amortised."""
         check_count(num_tokens, "num_tokens")
-        if self.withheld and num_tokens > self.available_size():
+        if (self.withheld or self.shared is not None) and num_tokens > self.available_size():
             return None
         return TokenToKVPoolAllocator.alloc(self, num_tokens)
 
