@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, fields
@@ -26,7 +27,9 @@ __all__ = [
     "MAX_SEQ_TOKENS",
     "Flag",
     "add_flags",
+    "apply_env_defaults",
     "bool_value",
+    "env_bool",
     "flag_message",
     "float_in",
     "int_in",
@@ -85,6 +88,32 @@ def bool_value(text: str) -> bool:
 bool_value.__name__ = "bool"
 
 
+def rate_per_s(text: str) -> float:
+    """A flag type: a rate per second, > 0; ``inf`` (all at once) allowed, as bench_serving's
+    ``--request-rate``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0 or inf, got {text!r}") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a number > 0 or inf, got {text}")
+    return value
+
+
+rate_per_s.__name__ = "number"
+
+
+def env_bool(text: str) -> bool | None:
+    """An environment variable's boolean as SGLang's ``EnvBool`` reads it: true, 1, yes, y / false, 0,
+    no, n (any case); None for anything else (SGLang warns and keeps the default)."""
+    low = text.strip().lower()
+    if low in ("true", "1", "yes", "y"):
+        return True
+    if low in ("false", "0", "no", "n"):
+        return False
+    return None
+
+
 def choice(options: Iterable[str]) -> Callable[[str], str]:
     opts = tuple(options)
 
@@ -113,6 +142,7 @@ _peer.__name__ = "peer"
 SIM = frozenset({"simulate", "sweep"})
 ALL = frozenset({"simulate", "sweep", "plan"})
 PLAN = frozenset({"plan"})
+LOAD = frozenset({"simulate"})  # bench_serving's load test: simulate only
 
 
 @dataclass(frozen=True)
@@ -120,7 +150,9 @@ class Flag:
     """One flag. ``where``: ``config`` (a CacheConfig field), ``budget``, ``deployment``, ``options``
     (EngineOptions), ``cost`` (CostModel), ``peer``, ``plan`` (the planner only), ``trace``, ``run``.
     ``default``: shown in help and used by the planner; None with ``default_text`` for computed ones.
-    ``switch``: a boolean that alone means true. ``sweep``: a comma list under ``sweep``."""
+    ``switch``: a boolean that alone means true. ``sweep``: a comma list under ``sweep``. ``env``: an
+    environment variable (SGLang's) whose value is the default when the flag is not given
+    (:func:`apply_env_defaults`)."""
 
     flag: str
     where: str
@@ -134,6 +166,7 @@ class Flag:
     switch: bool = False
     sweep: bool = True
     metavar: str | None = None
+    env: str | None = None
 
     @property
     def dest(self) -> str:
@@ -197,15 +230,49 @@ def _cache_flags() -> list[Flag]:
          ALL, False),
         ("--page-size", int_in(1, 1 << 16), "tokens per KV page", ALL, False),
         ("--disable-overlap-schedule", bool_value, "no overlap scheduling (ping-pong P = 1)", ALL, True),
-        ("--skip-decode-lock", bool_value, "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", ALL, True),
+        ("--skip-decode-lock", bool_value,
+         "one state slot less per request (SGLang's SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK: 5 -> 4 with extra_buffer)",
+         ALL, True),
     ]  # fmt: skip
     out = []
     for flag, kind, text, commands, switch in rows:
         default = _config_default(flag[2:].replace("-", "_"))
         if default is MISSING:  # the table and CacheConfig disagree: a bug here, never a user's error
             raise AssertionError(f"flag {flag} names no CacheConfig field; rename it or add the field")
-        out.append(Flag(flag, "config", kind, text, commands, "cache", default, switch=switch))
+        out.append(
+            Flag(flag, "config", kind, text, commands, "cache", default, switch=switch, env=_ENV.get(flag))
+        )
     return out
+
+
+# SGLang's environment variables that set a flag's default (an explicit flag wins), in the commands that
+# model one deployment (a sweep's runs are set by its flags or its definition alone)
+ENV_COMMANDS = frozenset({"simulate", "plan"})
+_ENV = {
+    "--skip-decode-lock": "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK",
+    "--mamba-conv-dtype": "SGLANG_MAMBA_CONV_DTYPE",
+}
+# bench_serving's defaults of its random dataset (mamba_radix.sim.serving.RandomWorkload's, which a test
+# holds equal) and its dataset names; written out so that --help imports no numpy
+_DATASET_NAMES = ("random", "random-ids")
+_COST_PRESET_NAMES = ("kimi-k3-8xh200", "qwen3-next-1xh200")  # shown when cost_model has none yet
+
+
+def _cost_presets() -> dict[str, Any]:
+    from mamba_radix import cost_model
+
+    return dict(getattr(cost_model, "COST_PRESETS", {}))
+
+
+def _cost_preset(text: str) -> str:
+    """A name of :data:`mamba_radix.cost_model.COST_PRESETS`."""
+    presets = _cost_presets()
+    if not presets:
+        raise argparse.ArgumentTypeError("this version has no cost presets")
+    return choice(presets)(text)
+
+
+_cost_preset.__name__ = "choice"
 
 
 _SIM_BUDGET = "the model's deployment: kimi-k3 27.25, one TP8 rank"
@@ -235,8 +302,12 @@ def _other_flags() -> list[Flag]:
              "model", default_text=per_model("kv_cache_dtype", "auto"), sweep=False),
         Flag("--mamba-ssm-dtype", "deployment", choice(SSM_DTYPES), "SSM state dtype", ALL, "model",
              default_text=per_model("mamba_ssm_dtype", "the model's own"), sweep=False),
-        Flag("--mamba-conv-dtype", "deployment", choice(CONV_DTYPES), "conv state dtype (SGLANG_MAMBA_CONV_DTYPE)",
-             ALL, "model", "bfloat16", sweep=False),
+        Flag("--mamba-conv-dtype", "deployment", choice(CONV_DTYPES), "conv state dtype", ALL, "model", "bfloat16",
+             sweep=False, env=_ENV["--mamba-conv-dtype"]),
+        Flag("--config", "launch", str, "SGLang launch settings, JSON (or YAML with PyYAML), as `sglang.launch_server "
+             "--config`: each key sets its flag (enable_overlap_schedule: true is --disable-overlap-schedule false); "
+             "keys that do not change the cache model are listed as ignored; flags given here override the file",
+             ALL, "model", sweep=False, metavar="FILE"),
         # memory
         Flag("--memory-budget-gb", "budget", float_in(0.0, MAX_GIB, lo_open=True),
              "KV + state memory per rank in GiB (SGLang's GB)", ALL, "memory",
@@ -261,6 +332,20 @@ def _other_flags() -> list[Flag]:
         # engine
         Flag("--mode", "options", choice(["timed", "sequential"]),
              "timed (arrivals and concurrency) or sequential (one request at a time)", SIM, "engine", "timed"),
+        Flag("--max-concurrency", "options", int_in(1, 1 << 20),
+             "bench_serving's --max-concurrency: at most N requests outstanding (queued or running); a request "
+             "that arrives while N are outstanding waits at the client until one finishes", SIM, "engine",
+             default_text="no cap"),
+        Flag("--log-every", "options", int_in(0, 1 << 31),
+             "print SGLang's scheduler lines to stderr: a 'Decode batch' line every N decode steps and a "
+             "'Prefill batch' line per prefill batch (0 = off)", frozenset({"simulate"}), "engine", 0, sweep=False),
+        Flag("--cost-preset", "cost_preset", _cost_preset,
+             f"cost model preset ({', '.join(_cost_presets() or _COST_PRESET_NAMES)}; mamba_radix.cost_model."
+             "COST_PRESETS); the cost flags below override its fields", frozenset({"simulate"}), "engine",
+             default_text="the CostModel defaults", sweep=False),
+        Flag("--fit-cost-from", "cost_fit", str,
+             "fit the cost model to an SGLang server log (its 'Decode batch' and 'Prefill batch' lines); the cost "
+             "flags below override the fitted fields", frozenset({"simulate"}), "engine", sweep=False, metavar="FILE"),
         Flag("--arrival-time-scale", "options", float_in(0.0, 1e6, lo_open=True), "multiply trace timestamps by this",
              SIM, "engine", 1.0),
         Flag("--prefill-tokens-per-s", "cost", float_in(0.0, 1e12, lo_open=True), "cost model: prefill speed",
@@ -283,12 +368,31 @@ def _other_flags() -> list[Flag]:
              False, switch=True),
         Flag("--linear-replayssm-cache-len", "plan", int_in(1, 1 << 16), "ring length L (a power of two)", PLAN,
              "speculative", 16),
+        Flag("--speculative-dspark-block-size", "plan", int_in(1, 1023),
+             "DSpark's block size gamma: the verify window is 1 + gamma tokens, so it sets "
+             "--speculative-num-draft-tokens to gamma + 1", PLAN, "speculative"),
         Flag("--input-len", "plan", int_in(1, MAX_SEQ_TOKENS), "input tokens per request", PLAN, "workload"),
         Flag("--output-len", "plan", int_in(1, MAX_SEQ_TOKENS), "output tokens per request", PLAN, "workload"),
-        Flag("--random-range-ratio", "plan", float_in(0.0, 1.0), "bench_serving's range ratio", PLAN, "workload", 1.0),
         Flag("--trace", "plan", str, "JSONL trace (Mooncake block format); lengths only", PLAN, "workload",
              metavar="FILE"),
         Flag("--concurrency", "plan", int_in(1, 1 << 20), "target running requests", PLAN, "workload"),
+        # simulate: bench_serving's random dataset (mamba_radix.sim.serving)
+        Flag("--dataset-name", "workload", choice(_DATASET_NAMES),
+             "replay bench_serving's random dataset (both names: unique random prompts) instead of a trace",
+             LOAD, "workload", sweep=False, metavar="NAME"),
+        Flag("--random-input-len", "workload", int_in(1, MAX_SEQ_TOKENS), "input tokens per request (the most)",
+             LOAD, "workload", 1024, sweep=False),
+        Flag("--random-output-len", "workload", int_in(1, MAX_SEQ_TOKENS), "output tokens per request (the most)",
+             LOAD, "workload", 1024, sweep=False),
+        Flag("--random-range-ratio", "workload", float_in(0.0, 1.0),
+             "bench_serving's --random-range-ratio: lengths uniform over [max(1, floor(len x ratio)), len] "
+             "(1 = every request exactly len)", frozenset({"simulate", "plan"}), "workload", 0.0),
+        Flag("--num-prompts", "workload", int_in(1, 100_000), "requests", LOAD, "workload", 1000, sweep=False),
+        Flag("--request-rate", "workload", rate_per_s, "requests sent per second (inf: all at time 0)", LOAD,
+             "workload", math.inf, sweep=False, metavar="X"),
+        Flag("--request-rate-distribution", "workload", choice(("poisson", "constant")),
+             "gaps between sends: poisson (exponential, as bench_serving) or constant (1 / rate)", LOAD, "workload",
+             "poisson", sweep=False),
     ]  # fmt: skip
 
 
@@ -303,13 +407,16 @@ def FLAGS() -> list[Flag]:
     return _TABLE
 
 
-_GROUP_TITLES = {
+_GROUP_TITLES: dict[str, str | dict[str, str]] = {
     "model": "model and deployment",
     "memory": "memory (per rank; GB = GiB as in SGLang)",
     "cache": "cache",
     "engine": "engine and cost model",
     "speculative": "speculative decoding",
-    "workload": "workload (for the recommendation)",
+    "workload": {
+        "plan": "workload (for the recommendation)",
+        "simulate": "load test: bench_serving's random dataset (with --dataset-name random)",
+    },
 }
 
 
@@ -322,8 +429,55 @@ def _default_text(f: Flag, command: str) -> str | None:
     if f.default is None:
         return None
     if isinstance(f.default, bool):
-        return "false"
+        return "true" if f.default else "false"
     return f"{f.default}"
+
+
+def _env_text(f: Flag, command: str) -> str:
+    """What the help adds for a flag an environment variable defaults: the variable, and its value now."""
+    if f.env is None or command not in ENV_COMMANDS:
+        return ""
+    now = os.environ.get(f.env)
+    return f"; ${f.env} sets the default (SGLang's: {'true/1/yes/y' if f.switch else 'a value'})" + (
+        f", now {now!r}" if now is not None else ""
+    )
+
+
+def apply_env_defaults(args: argparse.Namespace, command: str, environ: Any = None) -> list[str]:
+    """Fill each flag of ``command`` (one of :data:`ENV_COMMANDS`) that has an environment variable
+    (``Flag.env``) and was not given from that variable, as SGLang reads it (a boolean as ``EnvBool``: :func:`env_bool`). An explicit flag wins.
+
+    Side effect: sets attributes of ``args``. Returns warnings (a boolean variable SGLang would not read:
+    it warns and keeps the default, so do we). Raises :class:`~mamba_radix.errors.ConfigError` for a value
+    the flag refuses (``SGLANG_MAMBA_CONV_DTYPE=int4``). O(flags)."""
+    from mamba_radix.errors import ConfigError
+
+    env = os.environ if environ is None else environ
+    warnings: list[str] = []
+    if command not in ENV_COMMANDS:
+        return warnings
+    for f in FLAGS():
+        if f.env is None or command not in f.commands or getattr(args, f.dest, None) is not None:
+            continue
+        text = env.get(f.env)
+        if text is None:
+            continue
+        value: Any
+        if f.switch:
+            value = env_bool(text)
+            if value is None:
+                warnings.append(
+                    f"${f.env}={text!r} is not a boolean (true, 1, yes, y / false, 0, no, n); "
+                    f"{f.flag} keeps its default"
+                )
+                continue
+        else:
+            try:
+                value = f.kind(text)
+            except argparse.ArgumentTypeError as err:
+                raise ConfigError(f"${f.env} (the default of {f.flag}): {err}") from None
+        setattr(args, f.dest, [value] if command == "sweep" and f.sweep else value)
+    return warnings
 
 
 def add_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, argparse._ArgumentGroup]:
@@ -338,7 +492,8 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, argpar
         if command not in f.commands:
             continue
         if f.group not in groups:
-            title = _GROUP_TITLES.get(f.group, f.group)
+            named = _GROUP_TITLES.get(f.group, f.group)
+            title = named.get(command, f.group) if isinstance(named, dict) else named
             groups[f.group] = parser.add_argument_group(
                 title
                 + (
@@ -350,7 +505,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, argpar
         listed = sweep and f.sweep
         kind = _list_of(f.kind) if listed else f.kind
         default = _default_text(f, command)
-        help_text = f.help + (f" (default {default})" if default is not None else "")
+        help_text = f.help + (f" (default {default}{_env_text(f, command)})" if default is not None else "")
         extra: dict[str, Any] = {}
         if f.switch:  # alone it means true; an explicit value (or a list under sweep) still works
             extra = {"nargs": "?", "const": [True] if listed else True, "metavar": "BOOL"}

@@ -690,3 +690,209 @@ def test_the_former_default_is_a_named_definition(tmp_path: Path) -> None:
     assert len((out / "results.jsonl").read_text().splitlines()) == 14
     report = (out / "report.md").read_text()
     assert "sglang-knobs.reference.jsonl" in report and (out / "hit_vs_memory.png").is_file()
+
+
+# ------------------------------------------- bench_serving's load test, launch settings, SGLang env vars
+SEED_SETTINGS = (
+    '{ "model_path": "/models/kimi-k3", "tp_size": 8, "kv_cache_dtype": "fp8_e4m3", "mamba_ssm_dtype": '
+    '"bfloat16", "mamba_full_memory_ratio": 0.15, "mamba_radix_cache_strategy": "extra_buffer", '
+    '"mamba_track_interval": 256, "chunked_prefill_size": 6144, "max_running_requests": 64, '
+    '"enable_linear_replayssm_spec": true, "speculative_dspark_block_size": 7, "linear_replayssm_cache_len": 16, '
+    '"cuda_graph_max_bs_decode": 64, "enable_overlap_schedule": true }'
+)
+SEED_LOAD = ["--dataset-name", "random", "--random-input-len", "16384", "--random-output-len", "3072",
+             "--num-prompts", "128", "--request-rate", "4"]  # fmt: skip
+
+
+def _engine_has(option: str) -> bool:
+    from dataclasses import fields
+
+    from mamba_radix.sim.engine import EngineOptions
+
+    return option in {f.name for f in fields(EngineOptions)}
+
+
+def test_the_seeds_load_test_runs_as_one_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "settings.json"
+    settings.write_text(SEED_SETTINGS)
+    out = tmp_path / "run.jsonl"
+    concurrency = ["--max-concurrency", "32"] if _engine_has("max_concurrency") else []
+    argv = ["simulate", *SEED_LOAD, *concurrency, "--config", str(settings), "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "ignored (no effect on what simulate models): enable_linear_replayssm_spec" in err
+    rec = json.loads(out.read_text())
+    p = rec["params"]
+    assert (
+        p["trace"].startswith("synthetic:random:in=16384,out=3072,n=128")
+        and rec["metrics"]["requests"] == 128
+    )
+    assert (p["kv_cache_dtype"], p["mamba_ssm_dtype"], p["chunked_prefill_size"]) == (
+        "fp8_e4m3",
+        "bfloat16",
+        6144,
+    )
+    assert (p["strategy"], p["disable_overlap_schedule"], p["max_running_requests"]) == (
+        "extra_buffer",
+        False,
+        64,
+    )
+    assert "log" not in p
+    if concurrency:
+        assert p["max_concurrency"] == 32
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--request-rate", "0"], ("--request-rate", "> 0")),
+        (["--request-rate", "-4"], ("--request-rate", "> 0")),
+        (["--max-concurrency", "0"], ("--max-concurrency", "from 1")),
+        (["--random-range-ratio", "1.5"], ("--random-range-ratio",)),
+        (["--num-prompts", "0"], ("--num-prompts",)),
+        (["--request-rate-distribution", "gamma"], ("--request-rate-distribution",)),
+        (["--trace", "x.jsonl"], ("--dataset-name",)),
+        (["--seed", str(2**40)], ("seed",)),
+    ],
+)
+def test_bad_load_test_values_are_one_line_and_exit_2(
+    extra: list[str], words: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--dataset-name", "random", "--num-prompts", "4", *extra]) == 2
+    _one_line_error(capsys, *words)
+
+
+def test_load_flags_without_the_dataset_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--synthetic", "chat", "--request-rate", "4", "--num-prompts", "9"]) == 2
+    _one_line_error(capsys, "--num-prompts, --request-rate", "add --dataset-name random")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (
+            '{"tp_size": 8, "chunked_prefil_size": 4096}',
+            ("chunked_prefil_size", "did you mean chunked_prefill_size?"),
+        ),
+        ('{"tp_size": 8,', ("not valid JSON",)),
+        ('{"page_size": "big"}', ("page_size", "integer")),
+        (None, ("config file not found",)),
+    ],
+)
+def test_a_bad_config_file_is_one_line_exit_2_and_runs_nothing(
+    text: str | None, words: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "settings.json"
+    if text is not None:
+        path.write_text(text)
+    out = tmp_path / "run.jsonl"
+    assert (
+        main(["simulate", "--synthetic", "chat", "--limit", "2", "--config", str(path), "--out", str(out)])
+        == 2
+    )
+    _one_line_error(capsys, *words)
+    assert not out.exists()
+
+
+def test_dspark_block_size_sets_the_verify_window(capsys: pytest.CaptureFixture[str]) -> None:
+    from mamba_radix.cli import build_parser
+    from mamba_radix.cli._common import resolve_linked_flags
+
+    args = build_parser().parse_args(["plan", "--speculative-dspark-block-size", "7"])
+    resolve_linked_flags(args)
+    assert args.speculative_num_draft_tokens == 8
+    argv = ["plan", "--speculative-dspark-block-size", "7", "--speculative-num-draft-tokens", "4"]
+    assert main(argv) == 2
+    _one_line_error(capsys, "verify window of 8 tokens", "--speculative-num-draft-tokens is 4")
+    # with ReplaySSM the window sets the ring's least length: 8 verify tokens need L >= 16
+    argv = ["plan", "--enable-linear-replayssm-spec", "--speculative-dspark-block-size", "15",
+            "--linear-replayssm-cache-len", "16", "--memory-budget-gb", "27.25"]  # fmt: skip
+    assert main(argv) == 2
+    _one_line_error(capsys, "16 verify tokens")
+
+
+def test_sglang_env_vars_are_the_defaults_and_a_flag_wins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mamba_radix.cli import build_parser
+    from mamba_radix.flags import apply_env_defaults
+
+    def parsed(*argv: str, command: str = "simulate") -> Any:
+        args = build_parser().parse_args([command, *argv])
+        return args, apply_env_defaults(args, command)
+
+    monkeypatch.setenv("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "Y")
+    monkeypatch.setenv("SGLANG_MAMBA_CONV_DTYPE", "float32")
+    args, warnings = parsed()
+    assert (args.skip_decode_lock, args.mamba_conv_dtype, warnings) == (True, "float32", [])
+    args, _ = parsed("--skip-decode-lock", "false", "--mamba-conv-dtype", "bfloat16", command="plan")
+    assert (args.skip_decode_lock, args.mamba_conv_dtype) == (False, "bfloat16")
+    args, _ = parsed("--out", "x", command="sweep")  # a sweep is its flags alone
+    assert args.skip_decode_lock is None
+    monkeypatch.setenv("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "on")  # not an EnvBool value: SGLang warns too
+    args, warnings = parsed()
+    assert args.skip_decode_lock is None and "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK='on'" in warnings[0]
+    monkeypatch.setenv("SGLANG_MAMBA_CONV_DTYPE", "int4")
+    assert main(["plan", "--memory-budget-gb", "27.25"]) == 2
+    _one_line_error(capsys, "$SGLANG_MAMBA_CONV_DTYPE", "--mamba-conv-dtype")
+
+
+def test_the_env_var_reaches_the_plan(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--memory-budget-gb", "27.25", "--json"]
+    assert main(argv) == 0
+    off = capsys.readouterr().out
+    monkeypatch.setenv("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK", "1")
+    assert main(argv) == 0
+    on = capsys.readouterr().out
+    assert on != off and main([*argv, "--skip-decode-lock", "false"]) == 0
+    assert capsys.readouterr().out == off
+
+
+def test_help_prints_each_switchs_real_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+
+    def entry(flag: str) -> str:
+        start = text.index(flag + " [BOOL]", text.index("options:"))
+        return text[start : text.index(" --", start + len(flag))]
+
+    assert "(default true)" in entry("--mamba-kv-only-leaves")  # on, as CacheConfig (SGLang 0.5.23)
+    assert "(default false)" in entry("--mamba-decode-insert")
+    assert "$SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK sets the default" in entry("--skip-decode-lock")
+    ratio = text[text.index("--random-range-ratio X", text.index("options:")) :][:300]
+    assert "(default 0.0)" in ratio and "default 1.0" not in ratio
+    assert "--request-rate X requests sent per second (inf: all at time 0) (default inf)" in text
+
+
+def test_cost_preset_and_fit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import mamba_radix.cost_model as cost_model
+
+    base = ["simulate", "--synthetic", "chat", "--limit", "3", "--quiet"]
+    assert main([*base, "--fit-cost-from", str(tmp_path / "none.log")]) == 2
+    _one_line_error(capsys, "--fit-cost-from", "no such file")
+    presets = getattr(cost_model, "COST_PRESETS", None)
+    if not presets:
+        assert main([*base, "--cost-preset", "kimi-k3-8xh200"]) == 2
+        _one_line_error(capsys, "--cost-preset", "no cost presets")
+        pytest.skip("cost_model.COST_PRESETS is the engine side's (issue 30 item 3)")
+    out = tmp_path / "run.jsonl"
+    argv = [*base, "--cost-preset", "kimi-k3-8xh200", "--decode-step-s", "0.5", "--out", str(out)]
+    assert main(argv) == 0
+    cost = json.loads(out.read_text())["params"]["cost"]
+    assert cost["decode_step_s"] == 0.5  # the flag overrides the preset's field
+    assert cost["prefill_tokens_per_s"] == presets["kimi-k3-8xh200"].prefill_tokens_per_s
+    assert main([*base, "--cost-preset", "kimi-k3-8xh200", "--fit-cost-from", str(out)]) == 2
+    _one_line_error(capsys, "not both")
+
+
+def test_log_every_prints_scheduler_lines_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    if not _engine_has("log_every"):
+        pytest.skip("EngineOptions.log_every is the engine side's (issue 30 item 3)")
+    argv = ["simulate", "--dataset-name", "random", "--num-prompts", "8", "--random-input-len", "2048",
+            "--random-output-len", "64", "--log-every", "10", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    json.loads(out)  # stdout stays JSON
+    assert "Decode batch" in err and "Prefill batch" in err

@@ -85,3 +85,16 @@ def test_the_help_prints_the_cost_defaults() -> None:
     text = sub.choices["simulate"].format_help()  # type: ignore[union-attr]
     assert f"(default {CostModel().decode_step_s:g})" in text
     assert f"(default {CostModel().prefill_tokens_per_s:g})" in text
+
+
+def test_launch_settings_load_nothing_heavy() -> None:
+    # --config is read before the command runs: reading it (and plan with it) must stay light
+    code = (
+        "import json, tempfile, os\n"
+        "from mamba_radix.cli import main\n"
+        "path = os.path.join(tempfile.mkdtemp(), 's.json')\n"
+        "json.dump({'tp_size': 8, 'host': '0.0.0.0', 'speculative_dspark_block_size': 7}, open(path, 'w'))\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "    assert main(['plan', '--config', path, '--memory-budget-gb', '27.25']) == 0"
+    )
+    assert _loaded_after(code) == []

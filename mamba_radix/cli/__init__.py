@@ -11,7 +11,11 @@ one-line errors of every subcommand. Each subcommand is a module with its flags 
 
 What they share is in :mod:`mamba_radix.cli._common`. Flags come from one table (:mod:`mamba_radix.flags`),
 with SGLang's server-argument names where one exists; ``plan`` and ``simulate`` share the model's
-deployment defaults (:mod:`mamba_radix.defaults`).
+deployment defaults (:mod:`mamba_radix.defaults`). Before a command runs, ``main`` inserts the flags of an
+SGLang launch-settings file (``--config FILE``, :mod:`mamba_radix.launch_config`; flags given on the command
+line win), fills flags left out from SGLang's environment variables (``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
+``SGLANG_MAMBA_CONV_DTYPE``: :func:`mamba_radix.flags.apply_env_defaults`) and derives the flags another
+sets (``--speculative-dspark-block-size``: :func:`mamba_radix.cli._common.resolve_linked_flags`).
 
 Nothing is overwritten silently: ``--out`` files and folders must be new unless ``--force``, and output
 paths are checked before anything runs. Errors of the library (:class:`~mamba_radix.errors.MambaRadixError`)
@@ -32,7 +36,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mamba_radix.cli import experiment, plan, simulate, sweep
-from mamba_radix.cli._common import PROG, Parser
+from mamba_radix.cli._common import PROG, Parser, resolve_linked_flags
 from mamba_radix.errors import MambaRadixError
 
 __all__ = ["main"]
@@ -45,6 +49,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": plan.run,
 }
 _PARSERS = (simulate.add_parser, sweep.add_parser, experiment.add_parser, plan.add_parser)
+# the subcommands that take SGLang launch settings (--config FILE: mamba_radix.launch_config)
+_CONFIG_COMMANDS = ("simulate", "sweep", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,17 +88,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Only the library's errors (:class:`MambaRadixError`) and usage errors become one-line messages; any
     other exception propagates with its traceback (it is a bug)."""
+    from mamba_radix.flags import apply_env_defaults
+    from mamba_radix.launch_config import expand_config
+
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # --config FILE: the file's flags go first, so that the command line's win
+        expanded, ignored = expand_config(argv, _CONFIG_COMMANDS)
+    except MambaRadixError as exc:  # in the file's key names: not mapped to flags
+        sys.stderr.write(f"{PROG} {argv[0]}: error: {str(exc).splitlines()[0]}\n")
+        return 2
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(expanded)
     except SystemExit as exc:  # --help / --version (0) or a usage error (2, already printed)
         return int(exc.code or 0)
     args.argv = argv
     if not args.command:
         parser.print_help(sys.stderr)
         return 2
+    if ignored:
+        sys.stderr.write(
+            f"{PROG} {args.command}: config {args.config}: ignored (no effect on what {args.command} models): "
+            f"{', '.join(ignored)}\n"
+        )
     try:
+        for warning in apply_env_defaults(args, args.command):
+            sys.stderr.write(f"{PROG} {args.command}: warning: {warning}\n")
+        resolve_linked_flags(args)
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

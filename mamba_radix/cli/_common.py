@@ -79,6 +79,35 @@ def single_threaded_torch() -> None:
     torch.set_num_threads(1)
 
 
+# ------------------------------------------------------------------------- flags that set each other
+def resolve_linked_flags(args: argparse.Namespace) -> None:
+    """Flags whose value follows from another's: ``--speculative-dspark-block-size`` gamma (DSpark's block
+    size) means a verify window of ``1 + gamma`` tokens (one anchor and gamma drafts), so it sets
+    ``--speculative-num-draft-tokens`` to ``gamma + 1``; that flag given with another value is an error.
+    (ReplaySSM's ring rule, ``--linear-replayssm-cache-len`` a power of two and at least twice the window,
+    is the planner's check: :func:`mamba_radix.capacity.memory`'s ring sizing.) Side effect: sets
+    attributes of ``args``. Raises :class:`CliError`. O(1)."""
+    gamma = getattr(args, "speculative_dspark_block_size", None)
+    if gamma is None:
+        return
+    window = gamma + 1
+    given = getattr(args, "speculative_num_draft_tokens", None)
+    if given is None:
+        args.speculative_num_draft_tokens = window
+    elif given != window:
+        raise CliError(
+            f"--speculative-dspark-block-size {gamma} means a verify window of {window} tokens (1 anchor + "
+            f"{gamma} drafts), but --speculative-num-draft-tokens is {given}; give {window} or drop it"
+        )
+
+
+def log_line(line: str) -> None:
+    """Where the engine's scheduler lines go (``--log-every``): stderr, flushed, so that ``--json`` keeps
+    stdout parseable and the lines interleave with nothing else. Side effect: writes to stderr."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 # ---------------------------------------------------------------------------------- checks up front
 def need_experiments_extra(what: str) -> None:
     """Fail now (before any run) when the plotting extra is missing."""

@@ -1,7 +1,11 @@
 """``mamba-radix simulate``: replay one trace through the real cache under one configuration.
 
-The trace is a file (block/Mooncake or token JSON lines), the bundled Mooncake trace by default, or a
-seeded synthetic workload (``--synthetic``). It prints a summary table (``--json``: the metrics as JSON),
+The trace is a file (block/Mooncake or token JSON lines), the bundled Mooncake trace by default, a
+seeded synthetic workload (``--synthetic``), or SGLang bench_serving's load test (``--dataset-name random``
+with its flags, :mod:`mamba_radix.sim.serving`; ``--max-concurrency`` is its client semaphore, an engine
+option). SGLang launch settings come in with ``--config FILE`` (:mod:`mamba_radix.launch_config`), the cost
+model from a preset (``--cost-preset``) or a fit to a server log (``--fit-cost-from``), and ``--log-every``
+prints the scheduler's lines to stderr. It prints a summary table (``--json``: the metrics as JSON),
 optionally writes the JSON-lines record (``--out``) and one CSV row per request (``--per-request``); the
 output files must be new unless ``--force``, and are checked before anything runs.
 
@@ -23,6 +27,7 @@ from mamba_radix.cli._common import (
     LIMIT,
     CliError,
     add_command,
+    log_line,
     progress,
     single_threaded_torch,
     warn_rejected,
@@ -33,7 +38,10 @@ EXAMPLES = """examples:
   mamba-radix simulate --limit 2000                       # bundled Mooncake trace, Kimi K3 rank
   mamba-radix simulate --limit 500 --kv-tokens 400000 --state-slots 64 --per-request hits.csv
   mamba-radix simulate --synthetic tree --mode sequential --memory-budget-gb 8 --peer marconi-static
-  mamba-radix simulate --trace my.jsonl --trace-format token --out run.jsonl --json"""
+  mamba-radix simulate --trace my.jsonl --trace-format token --out run.jsonl --json
+  # SGLang's bench_serving load test against the launch settings in settings.json:
+  mamba-radix simulate --dataset-name random --random-input-len 16384 --random-output-len 3072 \
+      --num-prompts 128 --max-concurrency 32 --request-rate 4 --config settings.json --log-every 500"""
 
 # where a table flag's value goes (mamba_radix.flags.Flag.where): RunSpec's parts
 PARAM_GROUPS = ("config", "budget", "options", "cost", "peer", "deployment")
@@ -85,7 +93,11 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
         help="use a seeded synthetic workload instead of a trace file",
     )
     g.add_argument(
-        "--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the synthetic workload (default 0)"
+        "--seed",
+        type=int_in(0, 2**63 - 1),
+        default=None,
+        help="seed of the synthetic workload (default 0), or of --dataset-name's lengths, arrivals and "
+        "token ids (default 42, bench_serving's; at most 2**32 - 1)",
     )
     g.add_argument("--trace-format", choices=["auto", "block", "token"], default="auto", help="default auto")
     g.add_argument(
@@ -145,10 +157,46 @@ def params_from_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
+# the load test's flags (mamba_radix.flags rows of group "workload" that simulate has)
+_LOAD_FLAGS = (
+    "random_input_len",
+    "random_output_len",
+    "num_prompts",
+    "random_range_ratio",
+    "request_rate",
+    "request_rate_distribution",
+)
+
+
+def load_test(args: argparse.Namespace) -> Any:
+    """bench_serving's random dataset and arrivals (:class:`~mamba_radix.sim.serving.RandomWorkload`) from
+    ``--dataset-name`` and its flags (a flag left out takes bench_serving's default; ``--seed`` 42), or
+    None without ``--dataset-name``. Its flags without it are an error (they would do nothing)."""
+    given = {k: getattr(args, k) for k in _LOAD_FLAGS if getattr(args, k, None) is not None}
+    if getattr(args, "dataset_name", None) is None:
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise CliError(f"{flags} shape bench_serving's random dataset: add --dataset-name random")
+        return None
+    if args.trace or args.synthetic:
+        raise CliError("give one of --trace, --synthetic and --dataset-name")
+    from mamba_radix.sim.serving import DEFAULT_SEED, RandomWorkload
+
+    return RandomWorkload(**given, seed=DEFAULT_SEED if args.seed is None else args.seed)
+
+
 def trace_source(args: argparse.Namespace) -> tuple[str, list[Any] | None]:
-    """(trace path, in-memory requests for --synthetic). A missing trace, or a folder, is an error now."""
+    """(trace path, in-memory requests for --synthetic and --dataset-name). A missing trace, or a folder,
+    is an error now. Side effect: a ``--seed`` left out becomes 0 (the synthetic workloads' default) in
+    ``args``, which ``sweep`` then records."""
     from mamba_radix.sim.sweep import resolve_trace, trace_problem
 
+    workload = load_test(args)
+    if workload is not None:
+        requests = workload.requests()
+        return workload.label, requests[: args.limit] if args.limit else requests
+    if args.seed is None:
+        args.seed = 0
     if args.synthetic:
         if args.trace:
             raise CliError("give either --trace or --synthetic, not both")
@@ -183,6 +231,9 @@ def make_spec(
     from mamba_radix.sim.sweep import RunSpec
 
     options = dict(params["options"])
+    _check_engine_options(options)
+    if options.get("log_every"):
+        options["log"] = log_line
     options["verify_states"] = not args.no_verify_states
     options["check_invariants_every"] = args.check_invariants_every
     if getattr(args, "adaptive_split", False):
@@ -212,7 +263,7 @@ def make_spec(
         model=model,
         infinite=args.infinite,
         options=options,
-        cost=params["cost"],
+        cost=base_cost(args) | params["cost"],
         peer=params["peer"].get("peer"),
         synthetic=synthetic,
         deployment={k: v for k, v in params["deployment"].items() if k != "model"},  # model= above
@@ -220,6 +271,49 @@ def make_spec(
     )
     spec.validate()
     return spec
+
+
+def _check_engine_options(options: dict[str, Any]) -> None:
+    """A load-test option this engine lacks (an older :class:`~mamba_radix.sim.engine.EngineOptions`) is a
+    one-line error naming its flag, not a TypeError from deep inside. O(options)."""
+    from dataclasses import fields
+
+    from mamba_radix.sim.engine import EngineOptions
+
+    known = {f.name for f in fields(EngineOptions)}
+    for name in ("max_concurrency", "log_every"):
+        if name in options and name not in known:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{flag} needs the engine's {name} option, which this version's engine lacks")
+
+
+def base_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """The cost model's fields before the explicit cost flags: a preset (``--cost-preset``), a fit to an
+    SGLang server log (``--fit-cost-from``, read here), or nothing (the CostModel defaults). Raises
+    :class:`CliError` for both at once or a log that cannot be read. O(log lines)."""
+    from dataclasses import fields
+
+    preset, log = getattr(args, "cost_preset", None), getattr(args, "fit_cost_from", None)
+    if preset is None and log is None:
+        return {}
+    if preset is not None and log is not None:
+        raise CliError("give either --cost-preset or --fit-cost-from, not both")
+    if preset is not None:
+        from mamba_radix.cost_model import COST_PRESETS  # type: ignore[attr-defined,unused-ignore]
+
+        model = COST_PRESETS[preset]
+    else:
+        path = Path(log)
+        if not path.is_file():
+            raise CliError(f"--fit-cost-from: no such file: {path}")
+        from mamba_radix.sim.cost_fit import fit_cost_model  # type: ignore[import-not-found,unused-ignore]
+
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                model = fit_cost_model(f)
+        except OSError as err:
+            raise CliError(f"--fit-cost-from {path}: cannot read it: {err.strerror}") from None
+    return {f.name: getattr(model, f.name) for f in fields(model) if f.init}
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -236,9 +330,12 @@ def run(args: argparse.Namespace) -> int:
     trace, requests = trace_source(args)
     spec = make_spec(args, "simulate", params_from_flags(args), trace)
     total = len(requests) if requests is not None else count_requests(spec)
-    with progress(total, 1, "simulate", args.quiet) as bar:
+    # the scheduler's lines (--log-every) are the progress then: a bar would break them up
+    quiet = args.quiet or bool(getattr(args, "log_every", 0))
+    with progress(total, 1, "simulate", quiet) as bar:
         rec = run_one(spec, progress=lambda n: bar.update("simulate", n), requests=requests)
         bar.run_done("simulate", total)
+    rec["params"].pop("log", None)  # the stderr writer: no parameter of the run, and no JSON
     warn_rejected(rec, "simulate")
     rows = rec.pop("per_request", None) if per_request is not None else None
     if out is not None:
@@ -262,6 +359,15 @@ def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         w.writeheader()
         for row in sorted(rows, key=lambda r: r["index"]):
             w.writerow(row)
+
+
+def _serving_lines(metrics: dict[str, Any]) -> list[str]:
+    """bench_serving's figures (throughput, TTFT/TPOT/ITL) from the engine's metrics, where it has them."""
+    try:
+        from mamba_radix.sim.metrics import serving_lines
+    except ImportError:  # an engine without them: the summary as before
+        return []
+    return serving_lines(metrics) if "duration_s" in metrics else []
 
 
 def _format_summary(rec: dict[str, Any]) -> str:
@@ -308,6 +414,7 @@ def _format_summary(rec: dict[str, Any]) -> str:
         f"admission blocked {m['admission_blocked'] or '{}'})",
         f"TTFT                p50 {sec(m['ttft_p50_s'])}, p90 {sec(m['ttft_p90_s'])}, "
         f"p99 {sec(m['ttft_p99_s'])}; simulated {m['sim_time_s']:.1f} s",
+        *_serving_lines(m),
         f"wall time           {rec['wall_s']:.2f} s",
     ]
     rejected = stats.get("rejected_requests", 0)

@@ -41,6 +41,31 @@ concurrently; a prefill batch (the chunked request first, then new admissions, a
 ``chunked_prefill_size`` tokens) takes ``overhead + tokens / prefill_tokens_per_s`` seconds and pauses
 decode; a decode step takes ``decode_step_s + decode_step_per_req_s * batch``. ``sequential``: one request
 at a time, arrivals ignored (exact, order-only comparisons); the same cost model still gives TTFTs.
+
+**The client** (timed mode; :mod:`mamba_radix.sim.client`). ``max_concurrency`` is ``bench_serving``'s
+semaphore: at most N requests outstanding (queued at the server or running); one that arrives while N are
+outstanding waits at the client and is sent when one leaves (finishes, or is rejected). A request's TTFT,
+queue time and latency are measured from its *send*, as bench_serving measures them. Sequential mode
+ignores it (one request at a time anyway).
+
+**The scheduler log** (:mod:`mamba_radix.sim.scheduler_view`). With ``log_every`` N > 0, ``log`` gets a
+``Decode batch`` line at every global decode step that is a multiple of N and a ``Prefill batch`` line
+for every prefill batch, in SGLang's format, the values read from the real pools. A decode line at step
+k inside a decode jump is exact for that step: the running set is the one of the whole jump (no request
+joins or leaves between two events), ``mamba num`` is the state slots in use then (pool slots - free -
+evictable checkpoints: constant between events), ``#full token`` is the KV in use (allocated - evictable)
+plus the decode KV each running request owes at step k (``k - sync_step`` tokens, page-rounded as the
+allocator would take them), i.e. what a token-by-token engine would hold; unlike the pool samples it does
+not count the rest of each request's reservation (SGLang's line does not). ``#queue-req`` counts the
+requests the client would have sent by that step's time even if the engine queues them only at the jump's
+end. The time of step k is the jump's start plus ``k - start`` step times. A prefill line is written when
+its batch is scheduled, with the batch's KV allocated. With ``log_every`` 0 nothing is computed (one
+``is None`` test per prefill batch and per decode jump).
+
+**Serving metrics** (timed mode; :class:`~mamba_radix.sim.metrics.RunMetrics`): duration from the first
+send to the last finish, request and token throughputs, TTFT, TPOT (``(latency - TTFT) / (output_len -
+1)``, requests with at least 2 output tokens), mean ITL and end-to-end latency, bench_serving's
+definitions. Sequential mode leaves them None (its time has no arrivals: not a load test).
 """
 
 from __future__ import annotations
@@ -65,9 +90,11 @@ from mamba_radix.pools import KVAllocator
 from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes, request_rows
 from mamba_radix.sim.capacity_limit import LimitedMambaPool, limited_kv_allocator
+from mamba_radix.sim.client import Arrival, Client
 from mamba_radix.sim.ideal import IdealHit, ideal_for
 from mamba_radix.sim.memory import LARGE_KV_TOKENS, release_memory
 from mamba_radix.sim.metrics import PoolSample, RunMetrics
+from mamba_radix.sim.scheduler_view import PoolView, SchedulerLog
 from mamba_radix.sim.split import AdaptiveSplit, SplitOptions
 from mamba_radix.sim.stamps import StampIO
 from mamba_radix.sim.traces import TraceRequest
@@ -127,6 +154,12 @@ class EngineOptions:
     decode_step_events: bool = False
     # one byte budget for both pools (the pools' sizes in bytes), the line between them adaptive
     split: SplitOptions | None = None
+    # bench_serving's client semaphore: at most N requests outstanding (timed mode; None = no cap)
+    max_concurrency: int | None = None
+    # SGLang's scheduler log: a Decode batch line every N decode steps and a Prefill batch line per
+    # prefill batch, written to ``log`` (None: print); 0 = no log
+    log_every: int = 0
+    log: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.split, dict):  # from a JSON definition or a result record's params
@@ -143,6 +176,14 @@ class EngineOptions:
             raise ConfigError(
                 f"max_running_requests must be >= 1 (or None: no cap), got {self.max_running_requests}"
             )
+        if self.max_concurrency is not None and (
+            not isinstance(self.max_concurrency, int) or self.max_concurrency < 1
+        ):
+            raise ConfigError(f"max_concurrency must be >= 1 (or None: no cap), got {self.max_concurrency!r}")
+        if not isinstance(self.log_every, int) or self.log_every < 0:
+            raise ConfigError(f"log_every must be >= 0 decode steps (0 = no log), got {self.log_every!r}")
+        if self.log is not None and not callable(self.log):
+            raise ConfigError(f"log must be a callable taking one line (str), got {type(self.log).__name__}")
         if self.cost.prefill_tokens_per_s <= 0 or self.cost.decode_step_s < 0:
             raise ConfigError(
                 "cost.prefill_tokens_per_s must be > 0 and cost.decode_step_s >= 0, "
@@ -164,6 +205,7 @@ class _SimReq:
     # nothing reads a stamp then, so none is computed or written)
     prefix_fp: PrefixFingerprints | None
     admitted_s: float = 0.0
+    first_token_s: float = 0.0
     sync_step: int = 0  # global decode step at which kv_len was last brought up to date
     event_step: int = 0  # global decode step of this request's next event
     in_decode: bool = False
@@ -272,6 +314,12 @@ class Engine:
         self._head: _Expanded | None = None
         self._sample_every = 1
         self._on_finish: Callable[[int], None] | None = None
+        self._client: Client | None = None
+        self._log: SchedulerLog | None = (
+            SchedulerLog(self.options.log_every, self.options.log or print)
+            if self.options.log_every
+            else None
+        )
 
     # ----------------------------------------------------------------------------------------- running
     @property
@@ -298,28 +346,27 @@ class Engine:
         self._on_finish = on_finish
         self._precomputed_ideal = ideal_hits
         source = iter(requests)
-        pending = self._pull(source)
         sequential = self.options.mode == "sequential"
+        client = Client(lambda: self._pull(source), None if sequential else self.options.max_concurrency)
+        self._client = client
         self._sample()
         while True:
             # arrivals
             if sequential:  # the next request "arrives" when the previous one is done: no queueing
-                if pending is not None and not self.waiting and self.running == 0:
-                    self.waiting.append((pending[0], self.now_s))
-                    pending = self._pull(source)
+                if not client.done and not self.waiting and self.running == 0:
+                    self.waiting.append((client.take_next()[0], self.now_s))
             else:
-                while pending is not None and pending[1] <= self.now_s:
-                    self.waiting.append(pending)
-                    pending = self._pull(source)
+                client.send_due(self.now_s, self.waiting)
             # a prefill batch has priority over decode (SGLang without mixed chunks)
             if self._prefill_step():
                 continue
             if self.decoding:
                 limit = None
-                if pending is not None and not self.waiting and not sequential:
+                next_send_s = None if self.waiting or sequential else client.next_send_s()
+                if next_send_s is not None:
                     step_s = self.options.cost.decode_step_time_s(len(self.decoding))
                     limit = (
-                        self.global_step + max(1, math.ceil((pending[1] - self.now_s) / step_s))
+                        self.global_step + max(1, math.ceil((next_send_s - self.now_s) / step_s))
                         if step_s
                         else None
                     )
@@ -328,11 +375,18 @@ class Engine:
             if self.waiting:  # nothing runs and the head still does not fit: it never will
                 self._reject(self.waiting.popleft()[0])
                 continue
-            if pending is not None:
-                self.now_s = max(self.now_s, pending[1])
+            next_arrival_s = client.next_arrival_s()
+            if next_arrival_s is not None:
+                self.now_s = max(self.now_s, next_arrival_s)
                 continue
+            if client.held:  # nothing outstanding, so every permit is free: an engine bug
+                raise SimulationError(
+                    f"{len(client.held)} requests held at the client with nothing outstanding"
+                )
             break
         self.metrics.sim_time_s = self.now_s
+        if not sequential and client.first_send_s is not None:
+            self.metrics.duration_s = self.now_s - client.first_send_s
         self._sample(force=True)
         return self.metrics
 
@@ -340,9 +394,11 @@ class Engine:
         """Drop a request that can never run (counted in ``rejected_requests``; the CLI warns)."""
         self._ideal_hits.pop(trace.index, None)
         self.rejected += 1
+        if self._client is not None:
+            self._client.release(self.now_s)
         self.metrics.record_blocked("too_long")
 
-    def _pull(self, source: Iterator[TraceRequest]) -> tuple[TraceRequest, float] | None:
+    def _pull(self, source: Iterator[TraceRequest]) -> Arrival | None:
         trace = next(source, None)
         if trace is None:
             return None
@@ -447,8 +503,24 @@ class Engine:
         if not batch:
             return False
         tokens = sum(n for _, n in batch)
+        log = self._log
+        cached = 0
+        if log is not None:  # SGLang's #cached-token: the hits of the requests starting in this batch
+            cached = sum(
+                s.req.cache_protected_len for s, _ in batch if s.req.kv_len == s.req.cache_protected_len
+            )
         for sim, n in batch:
             self._prefill_chunk(sim, n)
+        if log is not None:
+            log.prefill(
+                self.now_s,
+                len(batch),
+                tokens,
+                cached,
+                self._pool_view(),
+                len(self.decoding),
+                len(self.waiting),
+            )
         self.now_s += self.options.cost.prefill_s(tokens)
         for sim, _ in batch:
             if sim.req.kv_len == len(sim.input_ids):
@@ -515,6 +587,7 @@ class Engine:
             )
 
     def _first_token(self, sim: _SimReq) -> None:
+        sim.first_token_s = self.now_s
         self.metrics.record_first_token(
             sim.trace.index, self.now_s - sim.arrival_s, sim.admitted_s - sim.arrival_s
         )
@@ -546,7 +619,12 @@ class Engine:
         if limit is not None:
             target = min(target, limit)
         steps = target - self.global_step
-        self.now_s += steps * self.options.cost.decode_step_time_s(len(self.decoding))
+        step_s = self.options.cost.decode_step_time_s(len(self.decoding))
+        if self._log is not None and steps > 0:
+            self._log.decode_run(
+                self.global_step, target, self.now_s, step_s, len(self.decoding), self._log_line_at
+            )
+        self.now_s += steps * step_s
         self.global_step = target
         while self._events and self._events[0][0] <= target:
             step, _, sim = heapq.heappop(self._events)
@@ -583,6 +661,11 @@ class Engine:
         req = sim.req
         self.cache.finish(req)
         self.finished += 1
+        self.metrics.record_finish(
+            self.now_s - sim.arrival_s, sim.first_token_s - sim.arrival_s, sim.trace.output_len
+        )
+        if self._client is not None:
+            self._client.release(self.now_s)
         self._resource_epoch += 1
         if self.split is not None:
             self.split.after_finish(self.cache)
@@ -616,6 +699,32 @@ class Engine:
                 slot_capacity=self.pools.state_slots if self.split is None else self.split.state_slots,
             )
         )
+
+    def _pool_view(self, step: int | None = None) -> PoolView:
+        """The pools as SGLang's log reports them at global decode step ``step`` (default: now): KV in use
+        (allocated - evictable) plus the decode KV owed at that step, state slots in use (allocated -
+        evictable checkpoints). O(running requests) when KV is owed, else O(1)."""
+        step = self.global_step if step is None else step
+        page = self.config.page_size
+        owed = 0
+        for sim in self.decoding:
+            behind = step - sim.sync_step
+            if behind > 0:
+                kv = sim.req.kv_len
+                owed += behind if page == 1 else -(-(kv + behind) // page) * page - -(-kv // page) * page
+        split = self.split
+        return PoolView(
+            full_tokens=int(self.kv_pool.used) - self.cache.full_evictable_size() + owed,
+            full_capacity_tokens=self.pools.kv_tokens if split is None else split.kv_tokens,
+            mamba_slots=int(self.mamba_pool.used) - self.cache.mamba_evictable_size(),
+            mamba_capacity_slots=self.pools.state_slots if split is None else split.state_slots,
+        )
+
+    def _log_line_at(self, step: int, time_s: float) -> tuple[PoolView, int]:
+        """A decode line's pools and queue at ``step`` (``time_s``) inside a decode jump. O(running)."""
+        assert self._client is not None
+        sent = 0 if self.options.mode == "sequential" else self._client.sent_by(time_s)
+        return self._pool_view(step), len(self.waiting) + sent
 
     def cache_stats(self) -> dict[str, Any]:
         """The cache's own counters (:class:`~mamba_radix.cache.CacheStats`), the bytes its state copies

@@ -15,6 +15,15 @@ Definitions (token counts are over the trace's true input lengths):
 - ``recomputed_tokens``: sum over requests of ``max(0, ideal - hit)``: tokens an earlier request had
   already computed but this one computed again (evicted, or no checkpoint where it was needed).
 - ``prefill_tokens``: tokens actually run through prefill (input - hit).
+
+Serving metrics (timed mode; ``bench_serving``'s definitions, times from each request's send; None in
+sequential mode, whose clock has no arrivals): ``duration_s`` from the first send to the last finish;
+``completed_requests``; ``request_throughput_rps`` = completed / duration; ``input_throughput_tok_s`` and
+``output_throughput_tok_s`` = input / output tokens / duration; TTFT, TPOT and end-to-end latency
+(``e2e``) mean / median / p99 in ms, TPOT = ``(latency - TTFT) / (output_len - 1)`` over requests with at
+least 2 output tokens; ``itl_mean_ms`` = the mean gap between consecutive output tokens over all tokens
+(sum of ``latency - TTFT`` / sum of ``output_len - 1``). ITL's median and p99 are not given: they need
+every decode step's time per request, which decode jumps do not keep.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PoolSample", "RunMetrics", "percentile", "result_record"]
+__all__ = ["PoolSample", "RunMetrics", "percentile", "result_record", "serving_lines"]
 
 SAMPLE_FIELDS = (
     "time_s",
@@ -95,6 +104,13 @@ class RunMetrics:
     per_request: list[dict[str, Any]] = field(default_factory=list)
     samples: list[PoolSample] = field(default_factory=list)
     sim_time_s: float = 0.0
+    # serving metrics (module docstring); duration_s stays None in sequential mode
+    completed: int = 0
+    duration_s: float | None = None
+    e2e_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    decode_s: float = 0.0  # sum over requests of latency - TTFT (ITL's numerator)
+    decode_gaps: int = 0  # sum over requests of output_len - 1 (ITL's denominator)
 
     def record_admission(
         self, index: int, input_len: int, output_len: int, hit: int, kv_hit: int, ideal: int
@@ -123,6 +139,15 @@ class RunMetrics:
                 if row["index"] == index:
                     row["ttft_s"] = ttft_s
                     break
+
+    def record_finish(self, e2e_s: float, ttft_s: float, output_len: int) -> None:
+        """One finished request: its latency and TTFT (seconds from its send) and its output length. O(1)."""
+        self.completed += 1
+        self.e2e_s.append(e2e_s)
+        if output_len > 1:
+            self.tpot_s.append((e2e_s - ttft_s) / (output_len - 1))
+            self.decode_s += e2e_s - ttft_s
+            self.decode_gaps += output_len - 1
 
     def record_blocked(self, reason: str) -> None:
         """An admission attempt that failed because ``reason`` (kv_tokens, state_slots, req_rows) ran out."""
@@ -175,11 +200,55 @@ class RunMetrics:
             "ttft_p90_s": percentile(self.ttft_s, 90),
             "ttft_p99_s": percentile(self.ttft_s, 99),
             "queue_mean_s": sum(self.queue_s) / len(self.queue_s) if self.queue_s else None,
+            **self.serving_summary(),
         }
+
+    def serving_summary(self) -> dict[str, Any]:
+        """bench_serving's run-end metrics (module docstring); every value None but
+        ``completed_requests`` in sequential mode. O(n log n)."""
+        duration = self.duration_s
+        timed = duration is not None
+        out: dict[str, Any] = {"completed_requests": self.completed, "duration_s": duration}
+
+        def per_s(x: float) -> float | None:
+            return x / duration if timed and duration else None
+
+        out["request_throughput_rps"] = per_s(self.completed)
+        out["input_throughput_tok_s"] = per_s(self.input_tokens)
+        out["output_throughput_tok_s"] = per_s(self.output_tokens)
+        for name, values in (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2e", self.e2e_s)):
+            ms = [v * 1000.0 for v in values] if timed else []
+            out[f"{name}_mean_ms"] = sum(ms) / len(ms) if ms else None
+            out[f"{name}_median_ms"] = percentile(ms, 50)
+            out[f"{name}_p99_ms"] = percentile(ms, 99)
+        out["itl_mean_ms"] = 1000.0 * self.decode_s / self.decode_gaps if timed and self.decode_gaps else None
+        return out
 
     def timeseries(self) -> dict[str, list[float | int]]:
         """Samples as columns (one list per field)."""
         return {name: [getattr(s, name) for s in self.samples] for name in SAMPLE_FIELDS}
+
+
+def serving_lines(summary: dict[str, Any]) -> list[str]:
+    """The serving metrics of a :meth:`RunMetrics.summary` as bench_serving-like text lines (for the
+    simulate summary); one "n/a" line in sequential mode. O(1)."""
+    if summary.get("duration_s") is None:
+        return ["serving metrics     n/a (sequential mode: no arrivals, not a load test)"]
+
+    def ms(key: str) -> str:
+        value = summary.get(key)
+        return "-" if value is None else f"{value:,.1f}"
+
+    return [
+        f"duration            {summary['duration_s']:,.1f} s, {summary['completed_requests']:,} requests completed",
+        f"throughput          {summary['request_throughput_rps']:,.2f} req/s, input "
+        f"{summary['input_throughput_tok_s']:,.0f} tok/s, output {summary['output_throughput_tok_s']:,.0f} tok/s",
+        *(
+            f"{label:<20}mean {ms(key + '_mean_ms')}, median {ms(key + '_median_ms')}, p99 {ms(key + '_p99_ms')} ms"
+            for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E latency", "e2e"))
+        ),
+        f"ITL                 mean {ms('itl_mean_ms')} ms",
+    ]
 
 
 def result_record(
