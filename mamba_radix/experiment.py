@@ -68,7 +68,7 @@ __all__ = [
 KIND = "policies"
 REGIMES = ("slots bind", "KV binds")
 BASE_PRESET = "sglang-0.5.23"
-SYNTHETIC_GENERATORS = ("chat", "system-prompt", "agent", "tree")
+SYNTHETIC_GENERATORS = ("chat", "system-prompt", "agent", "tree", "sessions")
 # relative CPU cost of a policy's run (pre-passes included), measured on the first 2,000 conversation
 # requests: used only to start the longest runs first so that no worker idles at the end
 _COST = {"oracle": 3.0, "marconi": 2.0, "sift": 1.5}
@@ -120,6 +120,7 @@ class PolicyExperiment:
     workloads: tuple[Workload, ...]
     reference: str | None = None
     base_dir: str = "."
+    loss_breakdown: bool = False  # every run probed (mamba_radix.policies.loss_probe): where hits go
 
     def with_limit(self, limit: int | None) -> PolicyExperiment:
         """Every workload cut to its first ``limit`` requests (``None``: unchanged)."""
@@ -153,7 +154,16 @@ class PolicyExperiment:
         return replace(self, workloads=keep_w, policies=keep_p)
 
 
-_TOP_KEYS = {"kind", "title", "description", "model", "policies", "workloads", "reference"}
+_TOP_KEYS = {
+    "kind",
+    "title",
+    "description",
+    "model",
+    "policies",
+    "workloads",
+    "reference",
+    "loss_breakdown",
+}
 _WORKLOAD_KEYS = {
     "name",
     "trace",
@@ -238,10 +248,8 @@ def _check_workload(i: int, w: Any, base_dir: Path, problems: list[str]) -> Work
             else:
                 import inspect
 
-                from mamba_radix.sim.synthetic import GENERATORS
-
                 try:  # the keywords are the generator's (their values it checks when it runs)
-                    inspect.signature(GENERATORS[synthetic["generator"]]).bind(seed=0, **raw_args)
+                    inspect.signature(generators()[synthetic["generator"]]).bind(seed=0, **raw_args)
                 except TypeError as exc:
                     problems.append(f"{where}: synthetic args: {exc}")
                 args = json.dumps(raw_args, sort_keys=True)
@@ -311,12 +319,14 @@ def load_policy_definition(path: str | Path) -> PolicyExperiment:
     order), ``reference`` (a results file beside the definition, for the comparison; optional) and
     ``workloads`` (each: ``name``, ``trace`` with ``trace_format``/``block_size``, or ``synthetic``:
     ``{"generator", "seed", "args"}``; ``limit``; ``slots_bind: {"state_slots": [...]}``; ``kv_binds:
-    {"kv_fractions": [...], "slots_per_request": 3}``).
+    {"kv_fractions": [...], "slots_per_request": 3}``) and ``loss_breakdown`` (optional, false: every run
+    probed, :mod:`mamba_radix.policies.loss_probe`, and the report splits each policy's loss against the
+    oracle by cause and checkpoint kind).
 
     Raises :class:`~mamba_radix.sim.sweep.DefinitionError` with one line per problem (all found before
     anything runs), :class:`ConfigError` for a file that is missing or not JSON. Reads the file and
     checks that trace files exist; no other side effects."""
-    from mamba_radix.policies.registry import POLICIES
+    from mamba_radix.policies.registry import POLICIES, VARIANTS
     from mamba_radix.sim.sweep import DefinitionError
 
     p = Path(path)
@@ -338,8 +348,8 @@ def load_policy_definition(path: str | Path) -> PolicyExperiment:
     if raw_policies == "all":
         policies = tuple(POLICIES)
     elif isinstance(raw_policies, list) and raw_policies and all(isinstance(x, str) for x in raw_policies):
-        unknown = [x for x in raw_policies if x not in POLICIES]
-        problems += [f"unknown policy {x!r}; known: {', '.join(POLICIES)}" for x in unknown]
+        unknown = [x for x in raw_policies if x not in POLICIES and x not in VARIANTS]
+        problems += [f"unknown policy {x!r}; known: {', '.join([*POLICIES, *VARIANTS])}" for x in unknown]
         policies = tuple(dict.fromkeys(raw_policies))
     else:
         problems.append("'policies' must be \"all\" or a non-empty list of policy names")
@@ -365,6 +375,9 @@ def load_policy_definition(path: str | Path) -> PolicyExperiment:
     for key in ("title", "description"):
         if not isinstance(data.get(key, ""), str):
             problems.append(f"'{key}' must be a string")
+    loss_breakdown = data.get("loss_breakdown", False)
+    if not isinstance(loss_breakdown, bool):
+        problems.append("'loss_breakdown' must be true or false")
     if problems:
         raise DefinitionError(problems)
     return PolicyExperiment(
@@ -375,10 +388,20 @@ def load_policy_definition(path: str | Path) -> PolicyExperiment:
         workloads=tuple(workloads),
         reference=reference,
         base_dir=str(p.parent),
+        loss_breakdown=loss_breakdown,
     )
 
 
 # -------------------------------------------------------------------------------------------- plan
+def generators() -> dict[str, Callable[..., list[Any]]]:
+    """The synthetic generators a definition may name: the four of :mod:`mamba_radix.sim.synthetic` and
+    ``sessions`` (:func:`mamba_radix.sim.sessions.session_chat`, fitted to the conversation trace)."""
+    from mamba_radix.sim.sessions import session_chat
+    from mamba_radix.sim.synthetic import GENERATORS
+
+    return {**GENERATORS, "sessions": session_chat}
+
+
 _REQUESTS: dict[Workload, tuple[Any, ...]] = {}
 
 
@@ -389,9 +412,7 @@ def load_requests(workload: Workload) -> tuple[Any, ...]:
     if cached is not None:
         return cached
     if workload.synthetic is not None:
-        from mamba_radix.sim.synthetic import GENERATORS
-
-        requests = tuple(GENERATORS[workload.synthetic](seed=workload.seed, **json.loads(workload.args)))
+        requests = tuple(generators()[workload.synthetic](seed=workload.seed, **json.loads(workload.args)))
         if workload.limit:
             requests = requests[: workload.limit]
     else:
@@ -438,6 +459,7 @@ class Task:
     pools: Any
     model: str
     demands: tuple[int, ...] | None = None
+    loss_breakdown: bool = False  # probe the run (then ``demands`` is given for every policy)
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -452,14 +474,15 @@ def _run_demands(workload: Workload, progress: Callable[[int], None] | None, mod
 
 def _run_task(task: Task, on_finish: Callable[[int], None] | None = None) -> dict[str, Any]:
     """One policy run; returns its result row (without the infinite line, added by the caller)."""
-    from mamba_radix.policies.registry import POLICIES, PolicyContext, run_policy
+    from mamba_radix.policies.registry import PolicyContext, find_spec, run_policy
 
     requests = load_requests(task.workload)
     config = base_config()
     demands = {config: list(task.demands)} if task.demands is not None else {}
     ctx = PolicyContext(requests, task.pools, task.model, demands=demands)
     start, cpu = time.perf_counter(), time.process_time()
-    result = run_policy(task.policy, config, ctx, on_finish=on_finish)
+    probe = list(task.demands) if task.loss_breakdown and task.demands is not None else None
+    result = run_policy(task.policy, config, ctx, on_finish=on_finish, loss_demands=probe)
     pools = task.pools
     gib = 1 << 30
     return {
@@ -468,7 +491,7 @@ def _run_task(task: Task, on_finish: Callable[[int], None] | None = None) -> dic
         "regime": task.regime,
         "point": task.point,
         "policy": task.policy,
-        "family": POLICIES[task.policy].family,
+        "family": find_spec(task.policy).family,  # type: ignore[union-attr]
         "kv_tokens": pools.kv_tokens,
         "state_slots": pools.state_slots,
         "bytes_per_kv_token": pools.bytes_per_kv_token,
@@ -484,6 +507,7 @@ def _run_task(task: Task, on_finish: Callable[[int], None] | None = None) -> dic
         "notes": result["notes"],
         "wall_s": round(time.perf_counter() - start, 2),
         "cpu_s": round(time.process_time() - cpu, 2),
+        **({"loss": result["loss"]} if "loss" in result else {}),
     }
 
 
@@ -571,7 +595,8 @@ def run_policy_experiment(
                 p,
                 pools,
                 experiment.model,
-                tuple(demands[w.name]) if p == "oracle" else None,
+                tuple(demands[w.name]) if p == "oracle" or experiment.loss_breakdown else None,
+                experiment.loss_breakdown,
             )
             for w, regime, i, pools in plan
             for p in experiment.policies

@@ -22,7 +22,15 @@ from typing import Any
 
 from mamba_radix.sim.reference import match_reference
 
-__all__ = ["BASELINE", "fractions", "gap_closed", "oracle_exceeded", "reference_comparison", "write_all"]
+__all__ = [
+    "BASELINE",
+    "fractions",
+    "gap_closed",
+    "loss_lines",
+    "oracle_exceeded",
+    "reference_comparison",
+    "write_all",
+]
 
 REGIMES = ("slots bind", "KV binds")
 BASELINE = "sglang-0.5.23"
@@ -157,6 +165,75 @@ def reference_comparison(
                 f"| {r['workload']} | {r['regime']} | {r['point']} | {r['policy']} | {r['token_hit_rate']:.4f} | "
                 f"{b['token_hit_rate']:.4f} | {d:+.4f} |"
             )
+    return lines
+
+
+def _points(x: float) -> str:
+    """Two decimals, float noise around zero shown as 0.00 (not -0.00)."""
+    return f"{round(x, 2) + 0.0:.2f}"
+
+
+def _point_size(r: dict[str, Any]) -> str:
+    """The pool a regime varies, at the row's point: ``256 slots`` or ``1.92M KV``."""
+    if r["regime"] == "slots bind":
+        return f"{r['state_slots']:,} slots"
+    return f"{_short_count(r['kv_tokens'])} KV"
+
+
+LOSS_CAUSES = ("declined", "evicted", "kv_order", "not_handed_over", "other")
+
+
+def loss_lines(rows: Sequence[dict[str, Any]], policies: Sequence[str]) -> list[str]:
+    """The report's section on where each policy's loss against the oracle is (rows that carry ``loss``,
+    from a definition with ``loss_breakdown``): per workload, regime, point and policy, the hit-rate
+    points lost against the oracle and their split. Each split is the policy's loss against the infinite
+    cache minus the oracle's, by cause and by the kind of the checkpoint that would have served the hit
+    (kinds: the three largest), as points of the workload's input tokens; ``rest`` is what the split
+    does not reach (hits above the infinite cache's). O(rows)."""
+    probed = [r for r in rows if "loss" in r]
+    oracle = {_key(r): r for r in probed if r["policy"] == "oracle"}
+    if not probed or not oracle:
+        return []
+    lines = [
+        "",
+        "## Where the remaining loss is",
+        "",
+        "Each run was probed (mamba_radix/policies/loss_probe.py: bookkeeping in the policy hooks, no decision "
+        "changed). For every request whose hit is below the infinite cache's, the missing tokens go to the fate "
+        "of the checkpoint that served the infinite cache's hit: **declined** at admission; **evicted** from the "
+        "state pool before it was needed (evicted-then-needed); **KV order** (the checkpoint was kept for it, "
+        "but its KV leaf was evicted and took the state with it); **not handed over** (the run never made a "
+        "checkpoint there: its branch points fell elsewhere); **other** (live, but the hit stopped short). Each "
+        "cell is the policy's loss minus the oracle's, in points of token hit rate (100 x tokens / input "
+        "tokens), so the causes and `rest` add up to the first column; a negative cell is a cause the oracle "
+        "loses more to. **dead admitted**: the share of the policy's admitted checkpoints never hit before "
+        "eviction or the end (a count: which useful checkpoint a dead one pushed out is not observable).",
+        "",
+        "| workload | regime | memory | policy | lost vs oracle | declined | evicted | KV order | not handed "
+        "over | other | rest | by kind (largest) | dead admitted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(probed, key=lambda r: (r["workload"], REGIMES.index(r["regime"]), r["point"])):
+        best = oracle.get(_key(r))
+        if best is None or r["policy"] == "oracle" or r["policy"] not in policies:
+            continue
+        scale = 100.0 / max(1, r["input_tokens"])
+        lost = 100.0 * (best["token_hit_rate"] - r["token_hit_rate"])
+        mine, theirs = r["loss"], best["loss"]
+        causes = [scale * (mine["by_cause"].get(c, 0) - theirs["by_cause"].get(c, 0)) for c in LOSS_CAUSES]
+        kinds = {
+            k: mine["by_kind"].get(k, 0) - theirs["by_kind"].get(k, 0)
+            for k in {*mine["by_kind"], *theirs["by_kind"]}
+        }
+        top = sorted(kinds.items(), key=lambda kv: -abs(kv[1]))[:3]
+        dead = mine["admitted_dead"] / max(1, mine["admitted"])
+        lines.append(
+            f"| {r['workload']} | {r['regime']} | {_point_size(r)} | {r['policy']} | {_points(lost)} | "
+            + " | ".join(_points(c) for c in causes)
+            + f" | {_points(lost - sum(causes))} | "
+            + ", ".join(f"{k} {_points(scale * v)}" for k, v in top)
+            + f" | {dead:.2f} of {mine['admitted']:,} |"
+        )
     return lines
 
 
@@ -316,6 +393,9 @@ def write_report(
                     f"| {count:,} | {gib:.2f} | {first['memory_gib']:.1f} | " + " | ".join(cells) + " |"
                 )
             lines.append("")
+    lines += loss_lines(rows, policies)
+    if lines[-1] != "":
+        lines.append("")
     exceeded = oracle_exceeded(rows)
     lines += ["## Where an online policy beats the oracle", ""]
     if not exceeded:

@@ -27,13 +27,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.sim.split import SplitOptions
 from mamba_radix.policies.ours import Sift
 from mamba_radix.policies.sift2 import Sift2
+from mamba_radix.policies.sift2_sessions import Sift2Sessions
 from mamba_radix.policies.thinning import CoverageThinning
 from mamba_radix.policies.vllm_sparse import SparseRetention
 from mamba_radix.policy import CachePolicy
 from mamba_radix.sim.budget import PoolSizes
 from mamba_radix.sim.traces import TraceRequest
 
-__all__ = ["POLICIES", "REFERENCES", "PolicyContext", "PolicySpec", "policy_names", "run_policy"]
+__all__ = [
+    "POLICIES",
+    "REFERENCES",
+    "VARIANTS",
+    "PolicyContext",
+    "PolicySpec",
+    "find_spec",
+    "policy_names",
+    "run_policy",
+]
 
 # Marconi's warm-up prefix: this fraction of the trace (at least MIN_WARMUP requests)
 WARMUP_FRACTION = 0.2
@@ -192,6 +202,23 @@ POLICIES: dict[str, PolicySpec] = _by_name(
 )
 
 
+# Variants of our policy that need what not every trace has (session ids); runnable by name (run_policy)
+# and in a definition that names them, but not part of the comparisons over "all" policies (the main job):
+# on a trace without the information they are one of the registered policies again.
+VARIANTS: dict[str, PolicySpec] = _by_name(
+    PolicySpec(
+        "sift2-sessions",
+        "ours",
+        "Sift2 that reads each request's session id: the gap between a session's turns is learned online, "
+        "and the checkpoints and KV leaves of a session idle past the 95th percentile of those gaps are "
+        "evicted first. Sift2 exactly on traces without session ids.",
+        "Online (the session id of a request is known when it arrives); SGLang 0.5.23's rules otherwise.",
+        _current,
+        lambda config, ctx: Sift2Sessions([r.session_id for r in ctx.requests]),
+    ),
+)
+
+
 # Offline references that decompose the oracle's lead; runnable by name (run_policy) but not part of the
 # comparisons over "all" policies (the main job), which stay the registry above.
 REFERENCES: dict[str, PolicySpec] = _by_name(
@@ -208,6 +235,12 @@ REFERENCES: dict[str, PolicySpec] = _by_name(
 )
 
 
+def find_spec(name: str) -> PolicySpec | None:
+    """The spec of ``name`` among :data:`POLICIES`, :data:`VARIANTS` and :data:`REFERENCES` (None if
+    unknown). O(1)."""
+    return POLICIES.get(name) or VARIANTS.get(name) or REFERENCES.get(name)
+
+
 def policy_names(family: str | None = None) -> list[str]:
     """Registered names, in registry order (optionally one family's)."""
     return [n for n, s in POLICIES.items() if family is None or s.family == family]
@@ -222,20 +255,28 @@ def run_policy(
     on_finish: Callable[[int], None] | None = None,
     verify_states: bool = False,
     split: SplitOptions | None = None,
+    loss_demands: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Replay ``ctx.requests`` under policy ``name`` on ``ctx.pools`` and return its summary: the token hit
     rate, the ideal, the cache's counters and what the policy chose. Raises :class:`ConfigError` for an
     unknown name. ``split``: one byte budget for both pools, the line between them adaptive
     (:mod:`mamba_radix.sim.split`; ``ctx.pools`` is where it starts). Side effects: none outside the
     process. Cost: one simulator run (plus the policy's pre-passes: the oracle's demand run, Marconi's
-    warm-up grid)."""
+    warm-up grid). ``loss_demands`` (each request's infinite-capacity hit): the policy runs under
+    :func:`~mamba_radix.policies.loss_probe.probe` (no decision changes) and the result gains ``loss``,
+    where the hits it missed went."""
     from mamba_radix.sim.engine import Engine, EngineOptions
 
-    spec = POLICIES.get(name) or REFERENCES.get(name)
+    spec = find_spec(name)
     if spec is None:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join([*POLICIES, *REFERENCES])}")
+        known = ", ".join([*POLICIES, *VARIANTS, *REFERENCES])
+        raise ConfigError(f"unknown policy {name!r}; known: {known}")
     config = spec.configure(base)
     policy = spec.make(config, ctx)
+    if loss_demands is not None:
+        from mamba_radix.policies.loss_probe import probe
+
+        policy = probe(policy, loss_demands)
     requests = ctx.requests
     max_len = max(r.input_len + r.output_len for r in requests)
     options = EngineOptions(mode=mode, verify_states=verify_states, split=split)  # type: ignore[arg-type]
@@ -249,6 +290,8 @@ def run_policy(
         "stats": engine.cache_stats(),
         "notes": dict(ctx.notes),
     }
+    if loss_demands is not None:
+        result["loss"] = policy.loss_summary()  # type: ignore[union-attr]
     if engine.split is not None:  # the line's path: one SplitStep per decision
         result["split"] = list(engine.split.history)
     return result
