@@ -22,8 +22,9 @@ experiment: setup
 reference: setup
 	$(PY) experiments/policies.py --update-reference
 
+# one pytest worker per core; worksteal rebalances when a worker is left with the long mutation controls
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 lint: setup
 	$(PY) -m ruff check .
