@@ -483,20 +483,36 @@ class MambaRadixCache:
         return self._tree_kv
 
     # -------------------------------------------------------------------------------------------- locks
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        """Lock ``node`` (a checkpoint node from a match, or the root). See :meth:`RadixTree.inc_lock_ref`."""
-        self.tree.inc_lock_ref(node)
+    def inc_lock_ref(self, node: TreeNode, *, checkpoint: bool = True) -> None:
+        """Lock ``node`` (a checkpoint node from a match, or the root); ``checkpoint=False``: its KV only
+        (SGLang's ``skip_lock_components=(MAMBA,)``, any node). See :meth:`RadixTree.inc_lock_ref`."""
+        self.tree.inc_lock_ref(node, checkpoint=checkpoint)
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        """Release a lock taken by :meth:`inc_lock_ref`. See :meth:`RadixTree.dec_lock_ref`."""
-        self.tree.dec_lock_ref(node)
+    def dec_lock_ref(self, node: TreeNode, *, checkpoint: bool = True) -> None:
+        """Release a lock taken by :meth:`inc_lock_ref` with the same ``checkpoint``. Releasing a KV-only
+        lock may free a tombstone leaf only that lock kept (its checkpoint was evicted meanwhile): its KV
+        goes back to the allocator here. See :meth:`RadixTree.dec_lock_ref`. O(path * log n)."""
+        freed = self.tree.dec_lock_ref(node, checkpoint=checkpoint)
+        if freed is not None:
+            self._release(freed)
+
+    def lock_covers_checkpoint(self, req: Req) -> bool:
+        """Whether running ``req``'s lock on ``req.last_node`` covers its checkpoint (a full lock: admission,
+        or any lock with ``skip_decode_lock`` off) or only its KV (a hand-over under ``skip_decode_lock``).
+        See :meth:`RequestLifecycle.lock_covers_checkpoint`. O(1)."""
+        return self.lifecycle.lock_covers_checkpoint(req)
 
     # ----------------------------------------------------------------------------------------- eviction
     def evict(self, num_tokens: int = 0, num_states: int = 0) -> EvictResult:
         """Free at least ``num_tokens`` KV tokens and ``num_states`` checkpoints, or as many as unlocked
         nodes allow. Victim order: see :mod:`mamba_radix.eviction`. O(victims * log n)."""
-        freed = self.tree.evict(num_tokens, num_states)
+        tree = self.tree
+        under_kv_lock = tree.checkpoints_dropped_under_kv_lock
+        freed = tree.evict(num_tokens, num_states)
         self._release(freed)
+        self.stats.checkpoints_evicted_while_decoding += (
+            tree.checkpoints_dropped_under_kv_lock - under_kv_lock
+        )
         return EvictResult(freed.num_tokens, freed.num_states)
 
     def _release(self, freed: Freed) -> None:

@@ -143,6 +143,9 @@ class CacheStats:
     state_copies: int = 0  # slot-to-slot copies (copy-on-write, no_buffer chunk ends)
     tokens_evicted: int = 0
     states_evicted: int = 0
+    # of states_evicted: checkpoints of nodes a running request held KV-only locked (skip_decode_lock),
+    # the hand-over checkpoints that switch leaves evictable while their requests decode
+    checkpoints_evicted_while_decoding: int = 0
 
     def reset(self) -> None:
         for name in asdict(self):

@@ -4,9 +4,11 @@ Two ordered candidate sets (:mod:`mamba_radix.candidates`), sorted by the keys o
 :mod:`mamba_radix.orders` or a research policy's (:class:`CandidateKeys`):
 
 - **full KV**: unlocked leaves (:func:`is_full_candidate`);
-- **checkpoints**: nodes holding a checkpoint that no request locks (:func:`is_mamba_candidate`); a leaf
-  also needs ``full_lock_ref == 0``, because evicting a leaf's checkpoint deletes the leaf and its KV
-  (SGLang asserts there instead, issue #21379).
+- **checkpoints**: nodes holding a checkpoint that no request mamba-locks (:func:`is_mamba_candidate`).
+  Evicting an unlocked leaf's checkpoint deletes the leaf and its KV; a leaf whose KV is locked without its
+  checkpoint (a KV-only lock, ``skip_decode_lock``) only loses the checkpoint (the tree decides which,
+  :meth:`~mamba_radix.tree.RadixTree.evict`). A leaf locked any other way holds a mamba lock, so it is
+  never a candidate (SGLang asserts there instead, issue #21379).
 
 The tree calls :meth:`EvictionIndex.update` after a change of a lock, a checkpoint or the leaf status
 (membership and keys are recomputed from the node in O(1), the sets touched only if they differ:
@@ -75,12 +77,10 @@ def is_full_candidate(node: TreeNode) -> bool:
 
 
 def is_mamba_candidate(node: TreeNode) -> bool:
-    """A checkpoint no request locks; on a leaf, the leaf's KV must be unlocked too. O(1)."""
-    return (
-        node.mamba_slot is not None
-        and node.mamba_lock_ref == 0
-        and (node.full_lock_ref == 0 or len(node.children) > 0)
-    )
+    """A checkpoint no request mamba-locks. On a leaf, whose locks are all its own
+    (``full_lock_ref == mamba_lock_ref + kv_lock_ref``), that leaves its KV unlocked or KV-only locked:
+    either way its checkpoint may go. O(1)."""
+    return node.mamba_slot is not None and node.mamba_lock_ref == 0
 
 
 class CandidateKeys(Protocol):

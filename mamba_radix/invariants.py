@@ -1,7 +1,8 @@
 """`check_invariants`: every structural invariant of the cache (DESIGN.md §5), in one O(n) pass.
 
 1. a non-root leaf is never a tombstone, unless the config keeps KV-only leaves (SGLang 0.5.23), which
-   are never the end of a hit (6) and leave through KV eviction;
+   are never the end of a hit (6) and leave through KV eviction, or a KV-only lock holds it (its checkpoint
+   was evicted while a request decoded on it, ``skip_decode_lock``; it goes at that lock's release);
 2. a split never copies a checkpoint: every slot is held by exactly one node (``slot_owner`` agrees);
 3. conservation: every allocated KV index and state slot is owned by exactly one of a tree node, a
    running request (when the caller passes the complete set of running requests) or the free list; each
@@ -10,11 +11,15 @@
 4. the evictable/protected counters equal the sums over unlocked/locked nodes;
 5. the eviction candidate sets hold exactly the evictable candidates, under the right keys;
 6. a match never ends inside an edge or at a tombstone: every running request's ``last_node`` is the
-   root or a checkpoint node ending at its ``cache_protected_len``, whose KV its row holds;
-7. locked nodes are never evicted: every running request's ``last_node`` is still in the tree, locked.
+   root or a node ending at its ``cache_protected_len``, whose KV its row holds, and a checkpoint node
+   unless the request's lock is KV-only (its checkpoint may have been evicted since the hand-over);
+7. locked nodes are never evicted: every running request's ``last_node`` is still in the tree, locked
+   the way the request says (``cache.lock_covers_checkpoint(req)``): each node's direct locks
+   (``mamba_lock_ref`` full, ``kv_lock_ref`` KV-only) are exactly its running requests'.
 
 Plus the structure itself: parent/child links and child keys, ``depth``, page alignment, lock arithmetic
-(``full_lock_ref == mamba_lock_ref + sum(child.full_lock_ref)``), stamps not ahead of the clock.
+(``full_lock_ref == mamba_lock_ref + kv_lock_ref + sum(child.full_lock_ref)``), stamps not ahead of the
+clock.
 Violations raise :class:`~mamba_radix.errors.InvariantError` with a readable tree dump.
 """
 
@@ -38,8 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class CheckedCache(Protocol):
     """What the checker reads of a cache (:class:`~mamba_radix.cache.MambaRadixCache` has it): its tree,
-    its three pools and its held-KV flags if built. Declared here, by its user, so that the cache can
-    import this module without a circle."""
+    its three pools, its held-KV flags if built and which kind of lock a running request holds. Declared
+    here, by its user, so that the cache can import this module without a circle."""
 
     tree: RadixTree
     req_to_token_pool: HybridReqToTokenPool
@@ -47,6 +52,8 @@ class CheckedCache(Protocol):
     mamba_pool: MambaPool
 
     def held_kv_if_built(self) -> HeldIndices | None: ...
+
+    def lock_covers_checkpoint(self, req: Req) -> bool: ...
 
 
 __all__ = ["check_invariants", "check_tree_invariants"]
@@ -69,8 +76,12 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
     ids.add(node.id)
     if node.last_access > tree.clock or node.mamba_last_access > tree.clock:
         _fail(tree, f"node {node.id} has a stamp ahead of the clock {tree.clock}")
-    if not 0 <= node.mamba_lock_ref <= node.full_lock_ref:
-        _fail(tree, f"node {node.id}: need 0 <= mamba_lock_ref <= full_lock_ref, got {node!r}")
+    if (
+        node.mamba_lock_ref < 0
+        or node.kv_lock_ref < 0
+        or node.mamba_lock_ref + node.kv_lock_ref > node.full_lock_ref
+    ):
+        _fail(tree, f"node {node.id}: need 0 <= mamba_lock_ref + kv_lock_ref <= full_lock_ref, got {node!r}")
     if node.mamba_slot is None and node.mamba_lock_ref:
         _fail(tree, f"tombstone node {node.id} holds a mamba lock")
     if node.mamba_slot is not None and tree.slot_owner.get(node.mamba_slot) is not node:
@@ -89,7 +100,7 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
     if node.id == ROOT_ID:
         if node is not tree.root or node.key or node.value.numel() or node.mamba_slot is not None:
             _fail(tree, "the root must be the tree's root, empty and without a checkpoint")
-        if node.full_lock_ref != 1 or node.mamba_lock_ref != 0:
+        if node.full_lock_ref != 1 or node.mamba_lock_ref != 0 or node.kv_lock_ref != 0:
             _fail(tree, f"the root must hold exactly one full lock, got {node!r}")
         return
     parent = node.parent
@@ -103,13 +114,19 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
         _fail(tree, f"node {node.id}: {len(node.key)} tokens is not a multiple of page_size={page}")
     if node.depth != parent.depth + len(node.key):
         _fail(tree, f"node {node.id}: depth {node.depth} != parent depth {parent.depth} + {len(node.key)}")
-    if not node.children and node.mamba_slot is None and not tree.config.mamba_kv_only_leaves:
+    if (
+        not node.children
+        and node.mamba_slot is None
+        and not node.kv_lock_ref
+        and not tree.config.mamba_kv_only_leaves
+    ):
         _fail(tree, f"invariant 1: leaf node {node.id} is a tombstone")
-    if node.full_lock_ref != node.mamba_lock_ref + children_locks:
+    if node.full_lock_ref != node.mamba_lock_ref + node.kv_lock_ref + children_locks:
         _fail(
             tree,
             f"node {node.id}: full_lock_ref {node.full_lock_ref} != own mamba locks {node.mamba_lock_ref} + "
-            f"children's full locks {children_locks} (a lock leaked, or a tombstone was locked)",
+            f"own KV-only locks {node.kv_lock_ref} + children's full locks {children_locks} (a lock leaked, "
+            "or a tombstone was locked)",
         )
 
 
@@ -171,13 +188,15 @@ def _check_requests(cache: CheckedCache, reqs: list[Req]) -> tuple[list[torch.Te
     pool = cache.req_to_token_pool
     kv: list[torch.Tensor] = []
     slots: list[int] = []
-    direct_locks: dict[int, int] = {}
+    direct_locks: dict[int, int] = {}  # node id -> running requests holding a full lock on it
+    kv_only_locks: dict[int, int] = {}  # node id -> running requests holding a KV-only lock on it
     for req in reqs:
         node = req.last_node
         if node is None or not tree.is_attached(node):
             _fail(tree, f"invariant 7: running request {req.rid!r} has no last_node in the tree")
         assert node is not None
-        if not node.is_root and node.mamba_slot is None:
+        covers_checkpoint = cache.lock_covers_checkpoint(req)
+        if not node.is_root and node.mamba_slot is None and covers_checkpoint:
             _fail(tree, f"invariant 6: request {req.rid!r} is locked on tombstone node {node.id}")
         if node.depth != req.cache_protected_len:
             _fail(
@@ -186,7 +205,8 @@ def _check_requests(cache: CheckedCache, reqs: list[Req]) -> tuple[list[torch.Te
                 f"node {node.id} ends at {node.depth}",
             )
         if not node.is_root:
-            direct_locks[node.id] = direct_locks.get(node.id, 0) + 1
+            locks = direct_locks if covers_checkpoint else kv_only_locks
+            locks[node.id] = locks.get(node.id, 0) + 1
         slots += [
             s
             for s in [req.mamba_pool_idx, *(req.mamba_ping_pong_track_buffer or [])]
@@ -201,11 +221,19 @@ def _check_requests(cache: CheckedCache, reqs: list[Req]) -> tuple[list[torch.Te
         end = req.kv_len if req.pending_plan is None else req.pending_plan.end
         kv.append(row[req.cache_protected_len : end])
     for node in tree.nodes():
-        if not node.is_root and node.mamba_lock_ref != direct_locks.get(node.id, 0):
+        if node.is_root:
+            continue
+        if node.mamba_lock_ref != direct_locks.get(node.id, 0):
             _fail(
                 tree,
                 f"node {node.id} holds {node.mamba_lock_ref} mamba locks but {direct_locks.get(node.id, 0)} "
                 "running requests are locked on it",
+            )
+        if node.kv_lock_ref != kv_only_locks.get(node.id, 0):
+            _fail(
+                tree,
+                f"node {node.id} holds {node.kv_lock_ref} KV-only locks but {kv_only_locks.get(node.id, 0)} "
+                "running requests hold one on it",
             )
     return kv, slots
 

@@ -19,7 +19,8 @@ buffer strategy object (:mod:`mamba_radix.buffers`); nobody outside flips ping-p
 
 Region map of a running request (the tree owns what is below ``cache_protected_len``)::
 
-    [0, cache_protected_len)          tree KV, locked through req.last_node (its checkpoint mamba-locked)
+    [0, cache_protected_len)          tree KV, locked through req.last_node (its checkpoint mamba-locked,
+                                      except after a hand-over under skip_decode_lock: a KV-only lock)
     [cache_protected_len, kv_len)     the request's KV: inserted (deduplicated) by cache_unfinished_req,
                                       inserted up to the newest checkpoint and freed past it at finish
     [kv_len, plan.end)                KV of an extend not yet committed (an abort frees it together with
@@ -29,6 +30,13 @@ Region map of a running request (the tree owns what is below ``cache_protected_l
 
 SGLang's rule differences between releases are config switches (``mamba_slot_headroom``,
 ``mamba_kv_only_leaves``, ``mamba_decode_insert``); :mod:`mamba_radix.peers` names the release presets.
+
+Locks: admission takes a full lock on ``req.last_node`` (its KV path and its checkpoint, the copy-on-write
+source). A hand-over moves the lock to the new node; with ``skip_decode_lock`` (SGLang's
+``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``) the moved lock is KV-only: the checkpoint was copied into (or donated
+from) the request's own slots and is never read from that node again by this request, so eviction may take
+it while the request runs (``stats.checkpoints_evicted_while_decoding``). Every release drops exactly the
+kind that was taken (:meth:`RequestLifecycle.lock_covers_checkpoint`).
 
 Every call validates everything first and changes nothing when it refuses (returns ``False``/``None``
 for a resource shortage, raises :class:`~mamba_radix.errors.InvalidArgument` for misuse). Validation
@@ -42,7 +50,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from weakref import WeakKeyDictionary
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary, WeakSet
 
 import torch
 
@@ -61,6 +70,9 @@ from mamba_radix.request import Req
 from mamba_radix.token_checks import make_token_check
 from mamba_radix.tree import RadixKey, Walk
 
+if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.node import TreeNode
+
 # the result records (mamba_radix.lifecycle_results) and the cache contract (mamba_radix.lifecycle_contract)
 # live in their own modules; re-exported here, where callers import them
 __all__ = ["ADMIT_REASONS", "AdmitCheck", "ForwardPlan", "LifecycleCache", "RequestLifecycle"]
@@ -77,7 +89,9 @@ class RequestLifecycle:
     so an admitted request never runs out of KV. Its extends draw the reservation down; finish returns the
     rest.
 
-    State (all of it): ``reserved_kv_tokens``; ``checked_tokens``, per admitted request its tokens as
+    State (all of it): ``reserved_kv_tokens``; ``kv_only_locked``, the running requests whose lock on
+    ``last_node`` is KV-only (taken at a hand-over under ``skip_decode_lock``; weak, dropped at release);
+    ``checked_tokens``, per admitted request its tokens as
     validated so far (the prompt at admission, sampled tokens as extends check them) as an
     ``array('q')``, so hand-over keys are cut from it with a ``memcpy`` instead of being converted from the
     request's lists again (weak keys: an entry goes with its request; :meth:`cache_finished_req` drops
@@ -102,6 +116,7 @@ class RequestLifecycle:
         self.token_to_kv_pool_allocator = cache.token_to_kv_pool_allocator
         self.mamba_pool = cache.mamba_pool
         self.reserved_kv_tokens = 0
+        self.kv_only_locked: WeakSet[Req] = WeakSet()
         self.checked_tokens: WeakKeyDictionary[Req, array] = WeakKeyDictionary()
         self.prefix_chunks: WeakKeyDictionary[Req, tuple[torch.Tensor, ...]] = WeakKeyDictionary()
         self._validated_req: Req | None = None
@@ -217,8 +232,23 @@ class RequestLifecycle:
         )
         return RadixKey.trusted(tokens, req.extra_key)  # type: ignore[arg-type]
 
-    def _undo_admission(self, req: Req, node: object) -> None:
-        self.cache.dec_lock_ref(node)  # type: ignore[arg-type]
+    def lock_covers_checkpoint(self, req: Req) -> bool:
+        """Whether ``req``'s lock on ``req.last_node`` is a full one (KV and checkpoint: admission's, or
+        any with ``skip_decode_lock`` off) rather than a KV-only one (a hand-over's under
+        ``skip_decode_lock``). O(1), no side effects."""
+        return req not in self.kv_only_locked
+
+    def _release_lock(self, req: Req, node: TreeNode) -> None:
+        """Release ``req``'s lock on ``node``, of the kind it took (a KV-only release may free a tombstone
+        leaf only that lock kept: the cache frees it). O(path * log n)."""
+        if req in self.kv_only_locked:
+            self.cache.dec_lock_ref(node, checkpoint=False)
+            self.kv_only_locked.discard(req)
+        else:
+            self.cache.dec_lock_ref(node)
+
+    def _undo_admission(self, req: Req, node: TreeNode) -> None:
+        self._release_lock(req, node)
         if req.mamba_pool_idx is not None:  # the copy-on-write target, taken by the match
             # undo_alloc, not free: the next allocation then hands out the slots it would have
             self.mamba_pool.undo_alloc(torch.tensor([req.mamba_pool_idx], dtype=torch.int64))
@@ -460,8 +490,15 @@ class RequestLifecycle:
             # now the new leaf's, already in the row).
             tree_kv = self.cache.path_kv(done.node, old)[: result.prefix_len - protected]
             self.req_to_token_pool.write(req.req_pool_idx, protected, tree_kv, check=False)  # type: ignore[arg-type]
-        self.cache.inc_lock_ref(done.node)
-        self.cache.dec_lock_ref(old)
+        # The new node is locked before the old one is released, so the shared path never goes unlocked
+        # between them. Under skip_decode_lock only its KV: the request continues from its own slots and
+        # never reads this checkpoint again, so eviction may take it (the admission lock, protecting the
+        # copy-on-write source, stays a full one).
+        kv_only = self.config.skip_decode_lock
+        self.cache.inc_lock_ref(done.node, checkpoint=not kv_only)
+        self._release_lock(req, old)
+        if kv_only:
+            self.kv_only_locked.add(req)
         req.last_node = done.node
         req.cache_protected_len = cache_len
         # SGLang's contract: prefix_indices is the cached prefix, len == cache_protected_len (a scheduler
@@ -483,7 +520,9 @@ class RequestLifecycle:
         before it; no insert when ``is_insert`` is False or the lazy boundary slot was not had
         (``req.mamba_lazy_is_insert`` False). KV past the checkpoint (``[cache_len, kv_len)``) is freed:
         no state exists there. Every slot the request still holds is freed, its lock released and
-        ``req.last_node`` cleared. The request row stays (the engine frees it). Validates the request and
+        ``req.last_node`` cleared (of the kind it is, :meth:`lock_covers_checkpoint`; a KV-only lock's
+        node, turned tombstone leaf by eviction and not extended by this insert, goes with it). The request
+        row stays (the engine frees it). Validates the request and
         its KV before changing anything (not again when :meth:`finish`, which validated the request just
         before, makes the call: the request's own KV and slots are then freed trusted).
         O(new tokens + path nodes * log n).
@@ -521,7 +560,7 @@ class RequestLifecycle:
         if kv_end > cache_len:
             self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64), check)
         self.req_to_token_pool.free_mamba_cache(req, keep=keep, check=check)
-        self.cache.dec_lock_ref(node)
+        self._release_lock(req, node)
         req.pending_plan = None
         req.last_node = None
         req.mamba_last_track_seqlen = None

@@ -17,13 +17,17 @@ Field ownership (one writer per field):
 
 Invariants written where the fields live (checked by :mod:`mamba_radix.invariants`):
 
-- ``full_lock_ref >= mamba_lock_ref >= 0``; a full lock covers the locked node and every ancestor, a
-  mamba lock only the locked node; a tombstone is never locked directly, so
-  ``full_lock_ref == mamba_lock_ref + sum(child.full_lock_ref)`` on every non-root node;
+- ``full_lock_ref >= mamba_lock_ref + kv_lock_ref``, each ``>= 0``; a lock of the node's KV covers the locked
+  node and every ancestor (``full_lock_ref``); a request's lock is either a full one, which also locks the
+  node's checkpoint (``mamba_lock_ref``, only on a node holding one), or a KV-only one (``kv_lock_ref``:
+  SGLang's ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` hand-over lock, which leaves the checkpoint evictable, so
+  the node may become a tombstone while locked). So
+  ``full_lock_ref == mamba_lock_ref + kv_lock_ref + sum(child.full_lock_ref)`` on every non-root node;
 - ``len(key) == len(value) > 0`` on every non-root node, a multiple of ``page_size``;
 - ``depth`` is the number of tokens from the root to the node's end; it does not change when an
   ancestor edge is split, so eviction keys that embed it stay valid;
-- a leaf is never a tombstone.
+- a leaf is never a tombstone, except one whose KV a KV-only lock holds (its checkpoint was evicted
+  while a request decoded on it) and the KV-only leaves of ``mamba_kv_only_leaves``.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class TreeNode:
         "full_lock_ref",
         "id",
         "key",
+        "kv_lock_ref",
         "last_access",
         "mamba_evict_key",
         "mamba_last_access",
@@ -107,6 +112,7 @@ class TreeNode:
         self.mamba_slot = mamba_slot
         self.full_lock_ref = 0
         self.mamba_lock_ref = 0
+        self.kv_lock_ref = 0  # KV-only locks taken on this very node (a full lock counts in mamba_lock_ref)
         # Logical-clock stamps: full KV recency and checkpoint recency diverge on purpose (a hit
         # refreshes the KV of the whole matched path but, in "node" mode, only the consumed checkpoint).
         self.last_access = 0
@@ -144,7 +150,8 @@ class TreeNode:
     def __repr__(self) -> str:
         return (
             f"TreeNode(id={self.id}, depth={self.depth}, num_tokens={len(self.key)}, "
-            f"mamba_slot={self.mamba_slot}, locks={self.full_lock_ref}/{self.mamba_lock_ref})"
+            f"mamba_slot={self.mamba_slot}, locks={self.full_lock_ref}/{self.mamba_lock_ref}"
+            f"{f'+{self.kv_lock_ref}kv' if self.kv_lock_ref else ''})"
         )
 
 

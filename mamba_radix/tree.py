@@ -59,7 +59,8 @@ class RadixTree:
 
     Sizes (kept exact on every 0<->1 lock transition, insert and delete; the root is excluded):
     ``full_evictable_size`` / ``full_protected_size`` in tokens of unlocked / locked nodes,
-    ``mamba_evictable_size`` / ``mamba_protected_size`` in checkpoints without / with a mamba lock.
+    ``mamba_evictable_size`` / ``mamba_protected_size`` in checkpoints without / with a mamba lock (a
+    KV-only lock, ``inc_lock_ref(node, checkpoint=False)``, protects KV only).
 
     ``policy``: a research policy (:class:`~mamba_radix.eviction.VictimPolicy`), or None for the config's
     own order. The fast paths, chosen here once (the defaults are the fast forms; the others are the
@@ -128,6 +129,8 @@ class RadixTree:
         self.mamba_evictable_size = 0
         self.mamba_protected_size = 0
         self.num_nodes = 1
+        # checkpoints eviction took from nodes a KV-only lock holds (the cost of skip_decode_lock): monotonic
+        self.checkpoints_dropped_under_kv_lock = 0
         self.version = 0  # bumped by every structural change (nodes, edges, checkpoints): a Walk's validity
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
@@ -360,10 +363,11 @@ class RadixTree:
         self.index.update(node)
 
     def _drop_checkpoint(self, node: TreeNode, freed: Freed) -> None:
-        """Tombstone an internal node (its KV stays). The checkpoint must be unlocked."""
+        """Tombstone an internal node, or a leaf a KV-only lock holds (its KV stays). The checkpoint must
+        be unlocked."""
         self.version += 1
         slot = node.mamba_slot
-        assert slot is not None and node.mamba_lock_ref == 0 and node.children
+        assert slot is not None and node.mamba_lock_ref == 0 and (node.children or node.kv_lock_ref)
         node.mamba_slot = None
         del self.slot_owner[slot]
         self.mamba_evictable_size -= 1
@@ -375,7 +379,8 @@ class RadixTree:
         """Soft cap ``mamba_max_states_per_path`` on the path ending at ``tail`` (SGLang PR #31230).
 
         Drops the shallowest checkpoints beyond the cap, skipping the tail, forks (``children != 1``)
-        and mamba-locked nodes, so a path can stay above the cap. O(path * log n).
+        and mamba-locked nodes (a KV-only lock does not protect a checkpoint), so a path can stay above the
+        cap. O(path * log n).
         """
         cap = self.config.mamba_max_states_per_path
         if cap < 0:
@@ -393,66 +398,100 @@ class RadixTree:
         return freed.slots
 
     # -------------------------------------------------------------------------------------------- locks
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        """Lock ``node``: a mamba lock on its checkpoint, a full lock on it and every ancestor.
+    def inc_lock_ref(self, node: TreeNode, *, checkpoint: bool = True) -> None:
+        """Lock ``node``: a full lock on it and every ancestor (their KV stays) and, with ``checkpoint``,
+        a mamba lock on its checkpoint.
 
-        Only a node holding a checkpoint (what match returns) or the root (a no-op) can be locked.
-        O(path * log n) for the counter and candidate-set updates on 0->1 transitions.
+        ``checkpoint=False`` takes a KV-only lock (``node.kv_lock_ref``; SGLang's
+        ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` hand-over lock): the checkpoint stays evictable, so the node
+        may become a tombstone while locked (never losing its KV); any node may be KV-locked. A full lock
+        needs a node holding a checkpoint (what match returns). The root: a no-op.
+        Side effects: the size counters and the candidate sets on 0->1 transitions.
+        Raises :class:`InvalidArgument` (nothing changed) for a node not in this tree, or a full lock of a
+        tombstone. O(path * log n).
         """
         check_lockable(node, self, "lock")
         if node is self.root:
             return
-        if node.mamba_slot is None:
+        if not checkpoint:
+            node.kv_lock_ref += 1
+        elif node.mamba_slot is None:
             raise InvalidArgument(
                 f"cannot lock tombstone node {node.id}: a request locks the checkpoint node match_prefix "
                 "returned (last_node), or the root"
             )
-        if node.mamba_lock_ref == 0:
-            self.mamba_evictable_size -= 1
-            self.mamba_protected_size += 1
-        node.mamba_lock_ref += 1
+        else:
+            if node.mamba_lock_ref == 0:
+                self.mamba_evictable_size -= 1
+                self.mamba_protected_size += 1
+            node.mamba_lock_ref += 1
         for x in self.path_to_root(node):
             if x.full_lock_ref == 0:
                 self.full_evictable_size -= len(x.key)
                 self.full_protected_size += len(x.key)
                 x.full_lock_ref = 1
-                if x is not node:  # node itself is re-keyed once below, with its mamba lock too
+                if x is not node:  # node itself is re-keyed once below, with its own lock too
                     self.index.update(x)
             else:
                 x.full_lock_ref += 1
         self.index.update(node)
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        """Release one lock taken by :meth:`inc_lock_ref` on ``node``. O(path * log n).
+    def dec_lock_ref(self, node: TreeNode, *, checkpoint: bool = True) -> Freed | None:
+        """Release one lock taken by :meth:`inc_lock_ref` on ``node``, of the same kind (``checkpoint``).
 
-        Raises :class:`InvalidArgument` (nothing changed) if ``node`` holds no lock of its own.
+        Releasing the last lock of a KV-only-locked node whose checkpoint was evicted meanwhile leaves an
+        unlocked tombstone leaf; unless the config keeps KV-only leaves (``mamba_kv_only_leaves``), it is
+        removed then, with the tombstone cascade above it, as eviction would have (:meth:`_remove_leaf`):
+        returns what to free (the cache frees it), else None. A full lock's release never removes
+        anything (its node holds a checkpoint).
+        Raises :class:`InvalidArgument` (nothing changed) if ``node`` holds no lock of that kind.
+        O(path * log n).
         """
         check_lockable(node, self, "unlock")
         if node is self.root:
-            return
-        if node.mamba_slot is None or node.mamba_lock_ref == 0:
+            return None
+        if not checkpoint:
+            if node.kv_lock_ref == 0:
+                raise InvalidArgument(
+                    f"node {node.id} holds no KV-only lock (kv_lock_ref=0); release a lock with the "
+                    "checkpoint= it was taken with"
+                )
+            node.kv_lock_ref -= 1
+        elif node.mamba_slot is None or node.mamba_lock_ref == 0:
             raise InvalidArgument(
                 f"node {node.id} is not locked (mamba_lock_ref={node.mamba_lock_ref}); "
                 "every dec_lock_ref needs a matching inc_lock_ref on the same node"
             )
-        node.mamba_lock_ref -= 1
-        if node.mamba_lock_ref == 0:
-            self.mamba_protected_size -= 1
-            self.mamba_evictable_size += 1
+        else:
+            node.mamba_lock_ref -= 1
+            if node.mamba_lock_ref == 0:
+                self.mamba_protected_size -= 1
+                self.mamba_evictable_size += 1
         for x in self.path_to_root(node):
             x.full_lock_ref -= 1
             if x.full_lock_ref == 0:
                 self.full_protected_size -= len(x.key)
                 self.full_evictable_size += len(x.key)
-                if x is not node:  # node itself is re-keyed once below, with its mamba lock too
+                if x is not node:  # node itself is re-keyed once below, with its own lock too
                     self.index.update(x)
         self.index.update(node)
+        if (
+            node.mamba_slot is None
+            and not node.children
+            and node.full_lock_ref == 0
+            and not self.config.mamba_kv_only_leaves
+        ):
+            freed = Freed()  # a tombstone leaf only a KV-only lock kept: it goes now (invariant 1)
+            self._remove_leaf(node, freed)
+            return freed
+        return None
 
     # ----------------------------------------------------------------------------------------- eviction
     def _remove_leaf(self, leaf: TreeNode, freed: Freed) -> None:
         """Delete an unlocked leaf (KV and checkpoint). Then, unless ``mamba_kv_only_leaves`` (SGLang 0.5.23
-        keeps such an ancestor's KV as a KV-only leaf, for KV eviction to take), every tombstone ancestor
-        that becomes a leaf goes too (0.5.20). O(removed * log n)."""
+        keeps such an ancestor's KV as a KV-only leaf, for KV eviction to take), every unlocked tombstone
+        ancestor that becomes a leaf goes too (0.5.20); a KV-only-locked one stays until its release
+        (:meth:`dec_lock_ref`). O(removed * log n)."""
         self.version += 1
         node = leaf
         while True:
@@ -478,6 +517,7 @@ class RadixTree:
                 parent is self.root
                 or parent.children
                 or parent.mamba_slot is not None
+                or parent.full_lock_ref  # a KV-only lock holds it: it goes at that lock's release
                 or self.config.mamba_kv_only_leaves  # 0.5.23: it stays as a KV-only leaf
             ):
                 return
@@ -488,8 +528,10 @@ class RadixTree:
         were released (or no candidate is left). Returns what to free; frees nothing.
 
         Tokens: unlocked leaves in LRU order, each with its checkpoint and the tombstone cascade.
-        States: unlocked checkpoints in ``mamba_eviction_order``; an internal node becomes a tombstone,
-        a leaf is removed with its KV. States released by the token phase count towards ``num_states``.
+        States: unlocked checkpoints in ``mamba_eviction_order``; an internal node, or a leaf whose KV a
+        KV-only lock holds, becomes a tombstone (counted in :attr:`checkpoints_dropped_under_kv_lock`), an
+        unlocked leaf is removed with its KV. States released by the token phase count towards
+        ``num_states``.
         Each victim with a checkpoint is reported to :attr:`on_victim` (KV-only leaves are not: their loss
         costs no hit). O(victims * log n).
         """
@@ -511,7 +553,9 @@ class RadixTree:
                 break
             if observe is not None:
                 observe("state", now - node.mamba_last_access)
-            if node.children:
+            if node.kv_lock_ref:  # the checkpoint a decoding request did not lock (skip_decode_lock)
+                self.checkpoints_dropped_under_kv_lock += 1
+            if node.children or node.full_lock_ref:  # a locked leaf: only a KV-only lock, its KV stays
                 self._drop_checkpoint(node, freed)
             else:
                 self._remove_leaf(node, freed)

@@ -13,7 +13,7 @@ __all__ = ["format_nodes"]
 def format_nodes(root: TreeNode, max_tokens: int = 8) -> list[str]:
     """One line per node below and including ``root``, drawn as an indented tree (children in id order):
     the first ``max_tokens`` tokens of the edge, its length and end, the KV span, the checkpoint slot or
-    ``tombstone``, the locks (full/mamba) and the stamps (KV/checkpoint). O(n log n) for the sorting of
+    ``tombstone``, the locks (full/mamba, then ``+Nkv`` for KV-only ones) and the stamps (KV/checkpoint). O(n log n) for the sorting of
     each node's children."""
 
     def describe(node: TreeNode) -> str:
@@ -25,9 +25,10 @@ def format_nodes(root: TreeNode, max_tokens: int = 8) -> list[str]:
         first, last = int(node.value[0]), int(node.value[-1])
         kv_text = f"kv={first}" if len(node.value) == 1 else f"kv={first}..{last}"
         state = "tombstone" if node.mamba_slot is None else f"slot={node.mamba_slot}"
+        kv_locks = f"+{node.kv_lock_ref}kv" if node.kv_lock_ref else ""  # KV-only locks, shown when held
         return (
             f"#{node.id} {ns}[{head}{more}] len={len(node.key)} end={node.depth} {kv_text} {state} "
-            f"lock={node.full_lock_ref}/{node.mamba_lock_ref} "
+            f"lock={node.full_lock_ref}/{node.mamba_lock_ref}{kv_locks} "
             f"t={node.last_access}/{node.mamba_last_access}"
         )
 

@@ -77,11 +77,12 @@ def unlock_skips_ancestor(monkeypatch: pytest.MonkeyPatch) -> None:
     """``dec_lock_ref`` forgets to release the parent of the unlocked node."""
     original = RadixTree.dec_lock_ref
 
-    def mutant(self: RadixTree, node) -> None:
-        original(self, node)
+    def mutant(self: RadixTree, node, **kind: bool) -> Freed | None:
+        freed = original(self, node, **kind)
         parent = node.parent
         if parent is not None and parent is not self.root:
             parent.full_lock_ref += 1  # the decrement that was skipped
+        return freed
 
     monkeypatch.setattr(RadixTree, "dec_lock_ref", mutant)
 

@@ -84,7 +84,7 @@ def unreached(reached: dict[tuple[str, int], Counter[str]]) -> list[str]:
     abort of a decode forward continuing the request's last partial page (the double free of issue 32) and
     of a prefill forward ending inside a page. Over all machines: every refusal, a KV shortage, a
     retraction, a re-admission, an abort with a forward pending in a first page of 16 tokens, a refused
-    admission. O(events)."""
+    admission, a hand-over checkpoint evicted under a KV-only lock (``skip_decode_lock``). O(events)."""
     missing: list[str] = []
     for page in sorted({p for _, p in reached}):
         at_page = sum((c for (_, p), c in reached.items() if p == page), Counter())
@@ -119,6 +119,7 @@ def unreached(reached: dict[tuple[str, int], Counter[str]]) -> list[str]:
         "refused: prefill chunk ending inside a page",
         "refused: decode over a token not sampled yet",
         "refused: decode span across the decode boundary",
+        "checkpoint evicted under a KV-only lock",
     ]
     missing += [event for event in events if not everywhere[event]]
     if not any(event.startswith("refused: admission") for event in everywhere):

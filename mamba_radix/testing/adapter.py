@@ -185,7 +185,10 @@ class RunningView:
 
     ``tokens``: input + output so far; ``kv_len``: tokens whose KV is written; ``protected_len``: the
     tree-owned, locked prefix; ``row``: the request's ``req_to_token`` row up to ``kv_len``; ``lock_node``:
-    the ``id`` of the node it holds locked; ``live_slot``/``track_slots``: its state slots.
+    the ``id`` of the node it holds locked; ``live_slot``/``track_slots``: its state slots;
+    ``lock_covers_checkpoint``: whether that lock also holds the node's checkpoint (False for a KV-only
+    lock, SGLang's ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` hand-over lock: the checkpoint may then be
+    evicted, the node turning tombstone, while the KV stays).
     """
 
     rid: int
@@ -197,6 +200,7 @@ class RunningView:
     lock_node: int
     live_slot: int | None
     track_slots: tuple[int, ...]
+    lock_covers_checkpoint: bool = True
 
 
 @dataclass(frozen=True)

@@ -113,16 +113,22 @@ def _prefixes_of(keys: Iterable[Key], page: int) -> set[Key]:
     return out
 
 
-def check_accounting(snap: TreeSnapshot, locked: Iterable[Key], page: int) -> None:
+def check_accounting(
+    snap: TreeSnapshot, locked: Iterable[Key], page: int, kv_only: Iterable[Key] = ()
+) -> None:
     """The cache's size counters against the snapshot and the locks. O(resident + locked tokens).
 
-    A lock covers the KV of the whole path to the root and the checkpoint of the locked node only, so:
-    protected tokens = resident pages on the path of a locked key; protected states = locked keys that
-    hold a checkpoint; evictable = the rest.
+    A lock covers the KV of the whole path to the root and the checkpoint of the locked node only (a
+    KV-only lock, SGLang's ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` hand-over lock, not even that: ``kv_only``
+    is the sub-multiset of ``locked`` taken that way), so: protected tokens = resident pages on the path
+    of a locked key; protected states = keys some full lock holds that hold a checkpoint; evictable = the
+    rest.
     """
     locked = list(locked)
     covered = _prefixes_of(locked, page) & snap.kv.keys()
-    protected_states = {k for k in locked if k in snap.checkpoints}
+    full_locks = Counter(locked)
+    full_locks.subtract(Counter(kv_only))
+    protected_states = {k for k, n in full_locks.items() if n > 0 and k in snap.checkpoints}
     expected = {
         "full_protected": page * len(covered),
         "full_evictable": page * (len(snap.kv) - len(covered)),

@@ -138,6 +138,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.plans: dict[int, int] = {}  # rid -> output tokens still to decode
         self.snap = TreeSnapshot()
         self.locked: list[Key] = []  # lock keys at the last observation
+        # of those, the keys of KV-only locks (skip_decode_lock hand-overs): their checkpoints may go
+        self.kv_only: list[Key] = []
         # Locks requests held between two of their hand-overs inside one step (see _remember_lock): the
         # observations around the step never see them, yet the inserts made meanwhile ran under them.
         self.step_locks: list[Key] = []
@@ -510,7 +512,9 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.adapter is not None and self.oracle is not None
         adapter = self.adapter
         snap = adapter.snapshot()
-        req_keys = check_running(adapter.running(), snap, adapter.read_stamp, self.page)
+        views = adapter.running()
+        req_keys = check_running(views, snap, adapter.read_stamp, self.page)
+        kv_only = [key for view, key in zip(views, req_keys, strict=True) if not view.lock_covers_checkpoint]
         raw_keys = []
         for h in self.raw_locks:
             key = snap.node_keys.get(_node_id(h.node))
@@ -522,18 +526,27 @@ class CacheMachine(RuleBasedStateMachine):
         # may sit on data that step (re)inserted. The soft per-path cap ran while any of them was held, the
         # ones held only between two hand-overs inside the step included.
         held_throughout = list((Counter(self.locked) & Counter(locked)).elements())
+        # a checkpoint is held throughout only by a full lock before and after (KV-only locks leave it
+        # evictable: a request's lock turns KV-only at its first hand-over under skip_decode_lock)
+        full_throughout = (Counter(self.locked) - Counter(self.kv_only)) & (
+            Counter(locked) - Counter(kv_only)
+        )
+        kv_only_throughout = list((Counter(held_throughout) - full_throughout).elements())
         held_at_some_point = self.locked + locked + self.step_locks
         self.locked = locked
+        self.kv_only = kv_only
         self.step_locks = []
         new_checkpoints = [k for k in snap.checkpoints if k not in self.oracle.checkpoints]
-        self.oracle.observe(snap, held_throughout)
+        self.oracle.observe(snap, held_throughout, kv_only_throughout, kv_only)
         cap = self.params.max_states_per_path
         check_path_cap(snap, new_checkpoints, cap, held_at_some_point, self.page)
         totals = self._eviction_totals()
         if totals is not None and totals == self.totals:
             # nothing was evicted since the last observation: whatever left the tree, the cap dropped;
             # only a lock held across the whole step surely covered the moment the cap ran
-            check_cap_policy(self.snap, snap, new_checkpoints, cap, held_throughout, self.page)
+            check_cap_policy(
+                self.snap, snap, new_checkpoints, cap, list(full_throughout.elements()), self.page
+            )
         self.totals = totals
         self.snap = snap
         return snap
@@ -549,7 +562,7 @@ class CacheMachine(RuleBasedStateMachine):
         try:
             adapter.check_invariants(idle=not self.plans and not self.raw_locks)
             snap = self._observe()
-            check_accounting(snap, self.locked, self.page)
+            check_accounting(snap, self.locked, self.page, self.kv_only)
             check_stamps(snap, adapter.read_stamp)
             for record in adapter.ownership():
                 check_conservation(record)
@@ -699,6 +712,9 @@ class LifecycleMachine(CacheMachine):
             and self.totals[0] > before[0]
         ):
             self._note(f"KV evicted (page={self.page})")
+        if self._lifecycle() and any(key not in snap.checkpoints for key in self.kv_only):
+            # skip_decode_lock: a running request's hand-over checkpoint went while its KV stayed locked
+            self._note("checkpoint evicted under a KV-only lock")
         return snap
 
     def _call(

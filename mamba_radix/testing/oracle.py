@@ -21,6 +21,7 @@ tiny, so clarity beats speed here.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,14 +129,27 @@ class PrefixOracle:
             )
 
     # ------------------------------------------------------------------------------------ observation
-    def observe(self, snap: TreeSnapshot, locked: Iterable[Key]) -> None:
+    def observe(
+        self,
+        snap: TreeSnapshot,
+        locked: Iterable[Key],
+        kv_only: Iterable[Key] = (),
+        kv_locked_now: Iterable[Key] = (),
+    ) -> None:
         """Check ``snap`` against the last content, the announcements and the locks, then adopt it.
 
         ``locked``: node keys held locked (by the machine or by running requests) since before the step;
-        their KV path, with the same indices, and their checkpoint must still be resident. Raises
+        their KV path, with the same indices, and their checkpoint must still be resident, except the
+        checkpoint of a key that only KV-only locks held (``kv_only``, a sub-multiset of ``locked``: SGLang's
+        ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` hand-over lock leaves it evictable). ``kv_locked_now``: keys
+        KV-only locked at this observation, whose node may be a tombstone leaf. Raises
         :class:`OracleViolation`. O(resident pages + locked path pages).
         """
         problems: list[str] = []
+        locked = list(locked)
+        # keys whose checkpoint some lock held throughout covers: the KV-only locks taken out, one each
+        checkpoint_locked = Counter(locked)
+        checkpoint_locked.subtract(Counter(kv_only))
         page = self.page_size
         for key, idx in snap.kv.items():
             extra, toks = key
@@ -162,7 +176,7 @@ class PrefixOracle:
         for key in locked:
             if key == ROOT_KEY:
                 continue
-            if key not in snap.checkpoints:
+            if checkpoint_locked[key] > 0 and key not in snap.checkpoints:
                 problems.append(f"locked node {key} lost its checkpoint")
             extra, toks = key
             for pk in _page_keys(extra, toks, page):
@@ -175,11 +189,12 @@ class PrefixOracle:
                     )
                     break
         # a maximal resident prefix is the end of a leaf, and a leaf is never a tombstone (unless the
-        # cache keeps KV-only leaves on purpose, SGLang 0.5.23)
+        # cache keeps KV-only leaves on purpose, SGLang 0.5.23, or a KV-only lock holds it)
         if not self.kv_only_leaves:
             extended = {(e, t[:-page]) for (e, t) in snap.kv}
+            kv_held = set(kv_locked_now)
             for key in snap.kv:
-                if key not in snap.checkpoints and key not in extended:
+                if key not in snap.checkpoints and key not in extended and key not in kv_held:
                     problems.append(
                         f"leaf {key} is a tombstone (resident KV with no checkpoint and no child)"
                     )

@@ -78,7 +78,9 @@ class RadixSuiteParams(SuiteParams):
     ``checkpoint_admission`` (``mamba_checkpoint_admission``), ``flop_weight`` and ``flop_crossover``
     (``mamba_flop_weight`` / ``mamba_flop_crossover``, used by ``eviction_order="flop_weighted"``),
     ``slot_headroom`` and ``decode_insert`` (``mamba_slot_headroom`` / ``mamba_decode_insert``, the SGLang
-    release switches; ``kv_only_leaves`` is a :class:`SuiteParams` field). A plain :class:`SuiteParams` runs with the defaults."""
+    release switches; ``kv_only_leaves`` is a :class:`SuiteParams` field), ``skip_decode_lock`` (SGLang's
+    ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``: hand-over locks are KV-only). A plain :class:`SuiteParams` runs
+    with the defaults."""
 
     eviction_order: str = "leaf_first"
     lru_refresh: str = "node"
@@ -87,6 +89,7 @@ class RadixSuiteParams(SuiteParams):
     flop_crossover: int = DEFAULT_FLOP_CROSSOVER
     slot_headroom: str = "exact"
     decode_insert: bool = False
+    skip_decode_lock: bool = False
 
 
 @st.composite
@@ -114,6 +117,7 @@ def radix_params(
         flop_crossover=draw(st.sampled_from([1, 4, DEFAULT_FLOP_CROSSOVER])),
         slot_headroom=draw(st.sampled_from(["exact", "per_chunk"])),
         decode_insert=draw(st.booleans()),
+        skip_decode_lock=draw(st.booleans()),
     )
 
 
@@ -167,6 +171,7 @@ class MambaRadixAdapter:
             mamba_kv_only_leaves=params.kv_only_leaves,
             mamba_slot_headroom=getattr(params, "slot_headroom", "exact"),  # type: ignore[arg-type]
             mamba_decode_insert=getattr(params, "decode_insert", False),
+            skip_decode_lock=getattr(params, "skip_decode_lock", False),
         )
         page = params.page_size
         # Two conv tensors and a temporal one, each >= 16 bytes per layer row: a copy that skips a tensor
@@ -482,6 +487,7 @@ class MambaRadixAdapter:
             "req_pool_idx": req.req_pool_idx,
             "row": row,
             "last_node": None if req.last_node is None else req.last_node.id,
+            "lock_covers_checkpoint": self.cache.lock_covers_checkpoint(req),
             "output_ids": tuple(req.output_ids),
             "finished": req.finished,
         }
@@ -534,6 +540,7 @@ class MambaRadixAdapter:
                     lock_node=req.last_node.id,
                     live_slot=req.mamba_pool_idx,
                     track_slots=track,
+                    lock_covers_checkpoint=self.cache.lock_covers_checkpoint(req),
                 )
             )
         return views
