@@ -233,6 +233,13 @@ def _cache_flags() -> list[Flag]:
         ("--skip-decode-lock", bool_value,
          "one state slot less per request (SGLang's SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK: 5 -> 4 with extra_buffer)",
          ALL, True),
+        ("--enable-unified-memory", bool_value,
+         "KV and states share one byte budget (SGLang's unified memory pool): slots and KV tokens move with "
+         "load; not with --adaptive-split or page size > 1 in the simulator", ALL, True),
+        ("--unified-memory-give-way", choice(_choices("unified_memory_give_way")),
+         "unified memory: who gives way when the sides meet: sglang (the requester evicts its own, a state "
+         "shortfall then KV), older_victim (the older LRU victim of the two), floor (each side keeps half "
+         "its start-up share)", ALL, False),
     ]  # fmt: skip
     out = []
     for flag, kind, text, commands, switch in rows:

@@ -240,6 +240,13 @@ def make_spec(
         if args.infinite:
             raise CliError("--adaptive-split moves bytes between finite pools; drop --infinite")
         options["split"] = {}
+    if params["config"].get("enable_unified_memory"):
+        if getattr(args, "adaptive_split", False):
+            raise CliError(
+                "--enable-unified-memory and --adaptive-split both move the KV/state line; choose one"
+            )
+        if args.infinite:
+            raise CliError("--enable-unified-memory shares a finite byte budget; drop --infinite")
     if getattr(args, "per_request", None):
         options["keep_per_request"] = True
     budget = {_BUDGET_KEYS[k]: v for k, v in params["budget"].items()}

@@ -40,7 +40,7 @@ from mamba_radix.pools._indices import IndexLike, as_index_tensor, resolve_devic
 from mamba_radix.pools.two_ended import TwoEndedAllocator
 from mamba_radix.pools.unified_layout import KVLayout, StateLayout
 
-__all__ = ["GIVE_WAY_RULES", "KV", "STATE", "UnifiedMemoryPool"]
+__all__ = ["GIVE_WAY_RULES", "KV", "STATE", "UnifiedMemoryPool", "give_way_order"]
 
 STATE, KV = "state", "kv"
 # the side of the two-ended allocator each kind grows from
@@ -206,20 +206,40 @@ class UnifiedMemoryPool:
         only. No side effects. O(1)."""
         kind = _kind(kind)
         other = KV if kind == STATE else STATE
-        if self.rule == "sglang":
-            return (STATE, KV) if kind == STATE else (KV,)
-        if self.rule == "floor":
-            above = self.allocator.span_bytes(_SIDE[other]) > self.floor_bytes[other]
-            return (kind, other) if above else (kind,)
-        ticks = victim_ticks or {}
-        own, theirs = ticks.get(kind), ticks.get(other)
-        if theirs is not None and (own is None or theirs < own):
-            return (other, kind)
-        return (kind, other)
+        above = self.allocator.span_bytes(_SIDE[other]) > self.floor_bytes[other]
+        return give_way_order(self.rule, kind, victim_ticks, other_above_floor=above)
 
     def clear(self) -> None:
         """Free everything on both sides (contents stay). O(1)."""
         self.allocator.clear()
+
+
+def give_way_order(
+    rule: str,
+    kind: str,
+    victim_ticks: Mapping[str, float | None] | None = None,
+    *,
+    other_above_floor: bool = True,
+) -> tuple[str, ...]:
+    """The sides (``"state"``, ``"kv"``) to evict from, in order, after an allocation of ``kind`` was
+    refused under ``rule`` (the module docstring states each rule). The one definition of the rules: the
+    byte pool (:meth:`UnifiedMemoryPool.give_way`) and the simulator's counting budget
+    (:mod:`mamba_radix.sim.unified`) both ask it. ``victim_ticks``: the last-access tick of each side's
+    next victim (None: nothing evictable), read by ``older_victim`` only; ``other_above_floor``: whether
+    the other side holds more than its floor, read by ``floor`` only. No side effects. O(1)."""
+    kind = _kind(kind)
+    other = KV if kind == STATE else STATE
+    if rule == "sglang":
+        return (STATE, KV) if kind == STATE else (KV,)
+    if rule == "floor":
+        return (kind, other) if other_above_floor else (kind,)
+    if rule != "older_victim":
+        raise InvalidArgument(f"rule must be one of {', '.join(GIVE_WAY_RULES)}, got {rule!r}")
+    ticks = victim_ticks or {}
+    own, theirs = ticks.get(kind), ticks.get(other)
+    if theirs is not None and (own is None or theirs < own):
+        return (other, kind)
+    return (kind, other)
 
 
 def _kind(kind: str) -> str:

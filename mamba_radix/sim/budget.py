@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from mamba_radix.config import CacheConfig
@@ -49,6 +49,7 @@ __all__ = [
     "pools_for_run",
     "request_rows",
     "sizing_inputs",
+    "unified_pools",
     "unified_pools_for_budget",
 ]
 
@@ -251,6 +252,19 @@ def unified_pools_for_budget(
         model=model,
     )
     return sizes, total
+
+
+def unified_pools(split: PoolSizes) -> tuple[PoolSizes, int]:
+    """The engine's unified memory for a run sized ``split`` (any of this module's sizings):
+    ``(physical, shared_bytes)``. ``shared_bytes`` is what the split's two pools take together
+    (``kv_tokens * bytes_per_kv_token + state_slots * bytes_per_state_slot``: the bytes a static or an
+    adaptive run of the same sizes has, so the three compare at equal bytes), ``physical`` both pools sized
+    for all of it (every byte may become KV tokens or state slots). No side effects. Raises
+    :class:`ConfigError` past the simulator's limits. O(1)."""
+    total = split.kv_tokens * split.bytes_per_kv_token + split.state_slots * split.bytes_per_state_slot
+    tokens, slots = total // split.bytes_per_kv_token, total // split.bytes_per_state_slot
+    _check_pool_limits(tokens, slots, "the unified budget")
+    return replace(split, kv_tokens=tokens, state_slots=slots), total
 
 
 def exact_pools(

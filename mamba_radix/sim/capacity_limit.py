@@ -16,6 +16,7 @@ form of :class:`~mamba_radix.pools.UnifiedMemoryPool`, without fragmentation: SG
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, overload
 
 import torch
@@ -38,9 +39,26 @@ class SharedByteBudget:
     (``bytes_per_state_slot`` each) draw on together: an id may be handed out only while ``used`` of
     both, in bytes, stays within the budget. Attach it with :meth:`attach` to both pools (sized
     physically for the whole budget); their ``available_size()`` and ``alloc`` then honour it. Who gives
-    way when it is spent is the caller's eviction (the pool's give-way rule). O(1) per query."""
+    way when it is spent is the caller's eviction (the pool's give-way rule). O(1) per query.
 
-    def __init__(self, total_bytes: int, bytes_per_kv_token: int, bytes_per_state_slot: int) -> None:
+    Two optional limits (:mod:`mamba_radix.sim.unified` sets them):
+
+    - ``protected_kv_tokens``: a callable giving the KV tokens the state side must leave free (running
+      requests' KV reservations that the tree's evictable KV does not cover), so that a state never
+      takes the bytes an admitted request will decode into;
+    - ``floor_bytes``: ``{"state": b, "kv": b}``, bytes each side keeps out of the other's reach (the
+      ``floor`` give-way rule).
+    """
+
+    def __init__(
+        self,
+        total_bytes: int,
+        bytes_per_kv_token: int,
+        bytes_per_state_slot: int,
+        *,
+        protected_kv_tokens: Callable[[], int] | None = None,
+        floor_bytes: dict[str, int] | None = None,
+    ) -> None:
         for name, value in (
             ("total_bytes", total_bytes),
             ("bytes_per_kv_token", bytes_per_kv_token),
@@ -48,8 +66,16 @@ class SharedByteBudget:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        floors = dict(floor_bytes or {})
+        if any(floors.get(k, 0) < 0 for k in ("kv", "state")) or sum(floors.values()) > total_bytes:
+            raise ConfigError(
+                f"floor_bytes {floors} must be >= 0 and fit the {total_bytes:,} B budget together"
+            )
         self.total_bytes = total_bytes
         self.unit_bytes = {"kv": bytes_per_kv_token, "state": bytes_per_state_slot}
+        self.protected_kv_tokens = protected_kv_tokens
+        # the bytes the *other* side may never take from each side (0: no floor)
+        self.floor_bytes = {"kv": floors.get("kv", 0), "state": floors.get("state", 0)}
         self.pools: dict[str, CapacityLimit] = {}
 
     def attach(self, kv_allocator: LimitedKVAllocator, state_pool: LimitedMambaPool) -> None:
@@ -61,12 +87,22 @@ class SharedByteBudget:
         self.pools = {"kv": kv_allocator, "state": state_pool}
         kv_allocator.shared = state_pool.shared = self
 
-    def used_bytes(self) -> int:
+    def used_bytes(self, kind: str | None = None) -> int:
+        """Bytes held by ``kind``'s pool (``"kv"`` or ``"state"``), or by both (None). O(1)."""
+        if kind is not None:
+            return self.pools[kind].used * self.unit_bytes[kind]
         return sum(p.used * self.unit_bytes[k] for k, p in self.pools.items())
 
     def free_units(self, kind: str) -> int:
-        """KV tokens (``kind="kv"``) or state slots the unspent bytes buy. O(1)."""
-        return (self.total_bytes - self.used_bytes()) // self.unit_bytes[kind]
+        """KV tokens (``kind="kv"``) or state slots the unspent bytes buy: less the protected KV for the
+        state side, and never into the other side's floor. O(1) (plus the protection callable)."""
+        free = self.total_bytes - self.used_bytes()
+        if kind == "state" and self.protected_kv_tokens is not None:
+            free -= self.protected_kv_tokens() * self.unit_bytes["kv"]
+        other = "state" if kind == "kv" else "kv"
+        if self.floor_bytes[other]:
+            free = min(free, self.total_bytes - self.floor_bytes[other] - self.used_bytes(kind))
+        return max(free, 0) // self.unit_bytes[kind]
 
 
 class CapacityLimit:

@@ -88,7 +88,7 @@ from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import KVAllocator
 from mamba_radix.request import Req
-from mamba_radix.sim.budget import PoolSizes, request_rows
+from mamba_radix.sim.budget import PoolSizes, request_rows, unified_pools
 from mamba_radix.sim.capacity_limit import LimitedMambaPool, limited_kv_allocator
 from mamba_radix.sim.client import Arrival, Client
 from mamba_radix.sim.ideal import IdealHit, ideal_for
@@ -258,6 +258,7 @@ class Engine:
                 "give pools with more state slots (raise max_mamba_cache_size or mamba_full_memory_ratio)"
             )
         self.split: AdaptiveSplit | None = None
+        self.unified_bytes: int | None = None  # unified memory: the byte budget both pools share
         # the pools: as sized, or, with an adaptive split, at the physical sizes the whole budget buys as
         # the capacity-limited pools of sim.capacity_limit (the split lends each part of the budget)
         kv_tokens, state_slots = pools.allocator_kv_tokens(config.page_size), pools.state_slots
@@ -274,7 +275,28 @@ class Engine:
             )
             kv_tokens, state_slots = self.split.physical_kv_tokens, self.split.physical_state_slots
             factories = {"mamba_pool_factory": LimitedMambaPool, "kv_allocator_factory": limited_kv_allocator}
-        self.cache = MambaRadixCache.build(
+        cache_class: type[MambaRadixCache] = MambaRadixCache
+        if config.enable_unified_memory:
+            from mamba_radix.sim.unified import UnifiedMemoryCache  # imports the cache, as above
+
+            if self.split is not None:
+                raise ConfigError(
+                    "unified memory and an adaptive split both move the KV/state line; choose one"
+                )
+            if config.page_size != 1:
+                raise ConfigError(
+                    f"the simulator's unified memory moves single KV tokens; use page_size 1, not {config.page_size}"
+                )
+            physical, self.unified_bytes = unified_pools(pools)
+            kv_tokens, state_slots = physical.kv_tokens, physical.state_slots
+            # as many rows as the whole budget's slots admit: the byte budget, not the start-up ratio, bounds
+            # the running requests (max_running_requests caps them as under a static split)
+            self.max_running, self.rows_bound = request_rows(
+                config, state_slots, self.options.max_running_requests
+            )
+            factories = {"mamba_pool_factory": LimitedMambaPool, "kv_allocator_factory": limited_kv_allocator}
+            cache_class = UnifiedMemoryCache
+        self.cache = cache_class.build(
             config,
             num_tokens=kv_tokens,
             num_slots=state_slots,
@@ -288,6 +310,16 @@ class Engine:
         )
         if self.split is not None:
             self.split.attach(self.cache)
+        if self.unified_bytes is not None:
+            from mamba_radix.sim.unified import UNIFIED_FLOOR_FRACTION
+
+            floors = {
+                "kv": int(pools.kv_tokens * pools.bytes_per_kv_token * UNIFIED_FLOOR_FRACTION),
+                "state": int(pools.state_slots * pools.bytes_per_state_slot * UNIFIED_FLOOR_FRACTION),
+            }
+            self.cache.attach_budget(  # type: ignore[attr-defined]
+                self.unified_bytes, pools.bytes_per_kv_token, pools.bytes_per_state_slot, floors
+            )
         self.mamba_pool = self.cache.mamba_pool
         self.req_pool = self.cache.req_to_token_pool
         self.kv_pool: KVAllocator = self.cache.token_to_kv_pool_allocator
@@ -692,11 +724,11 @@ class Engine:
                 waiting=len(self.waiting),
                 kv_used_tokens=int(self.kv_pool.used) + self.cache.reserved_kv_tokens,
                 kv_tree_tokens=int(kv_tree),
-                kv_capacity_tokens=self.pools.kv_tokens if self.split is None else self.split.kv_tokens,
+                kv_capacity_tokens=self._capacity()[0],
                 slots_used=int(self.mamba_pool.used),
                 slots_tree=int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()),
                 slots_reserved=int(self.req_pool.num_reserved_slots()),
-                slot_capacity=self.pools.state_slots if self.split is None else self.split.state_slots,
+                slot_capacity=self._capacity()[1],
             )
         )
 
@@ -712,13 +744,27 @@ class Engine:
             if behind > 0:
                 kv = sim.req.kv_len
                 owed += behind if page == 1 else -(-(kv + behind) // page) * page - -(-kv // page) * page
-        split = self.split
+        kv_capacity, slot_capacity = self._capacity()
         return PoolView(
             full_tokens=int(self.kv_pool.used) - self.cache.full_evictable_size() + owed,
-            full_capacity_tokens=self.pools.kv_tokens if split is None else split.kv_tokens,
+            full_capacity_tokens=kv_capacity,
             mamba_slots=int(self.mamba_pool.used) - self.cache.mamba_evictable_size(),
-            mamba_capacity_slots=self.pools.state_slots if split is None else split.state_slots,
+            mamba_capacity_slots=slot_capacity,
         )
+
+    def capacity(self) -> tuple[int, int]:
+        """(KV tokens, state slots) the pools may hold now: as sized; the adaptive split's current line;
+        under unified memory what each holds plus what the unspent bytes would buy it (both move with
+        load). O(1)."""
+        return self._capacity()
+
+    def _capacity(self) -> tuple[int, int]:
+        if self.split is not None:
+            return self.split.kv_tokens, self.split.state_slots
+        if self.unified_bytes is not None:
+            kv, slots = self.kv_pool, self.mamba_pool
+            return int(kv.used) + kv.available_size(), int(slots.used) + slots.available_size()
+        return self.pools.kv_tokens, self.pools.state_slots
 
     def _log_line_at(self, step: int, time_s: float) -> tuple[PoolView, int]:
         """A decode line's pools and queue at ``step`` (``time_s``) inside a decode jump. O(running)."""
