@@ -166,7 +166,9 @@ class CacheConfig:
       PR #31643) or every checkpoint of the matched path (``path``, the older behaviour).
     - ``chunked_prefill_size``: tokens per prefill chunk; -1 disables chunking.
     - ``speculative_num_draft_tokens``: 0 without speculative decoding.
-    - ``skip_decode_lock``: SGLang's ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``; lowers the base reservation.
+    - ``skip_decode_lock``: SGLang's ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``: a hand-over's lock is KV-only, so
+      the checkpoint stays evictable while its request runs (``stats.checkpoints_evicted_while_decoding``),
+      and the base reservation is one slot lower.
     - ``disaggregation_mode``: ``null``, ``prefill`` or ``decode`` (lazy buffers are not allowed with PD).
     - ``model_supports_extra_buffer``: whether the architecture has the FLA kernels extra_buffer needs.
     - ``disable_radix_cache``: no prefix caching at all (one slot per request).
