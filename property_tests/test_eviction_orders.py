@@ -191,12 +191,15 @@ def test_leaf_with_locked_kv_is_never_a_checkpoint_victim() -> None:
 
 
 def test_candidate_predicates() -> None:
-    # In this tree a leaf's full lock always comes with its mamba lock (tombstones are never locked);
-    # the predicate still refuses a leaf whose KV is locked, whatever its mamba lock says.
+    # A KV-only lock (skip_decode_lock's hand-over) protects the KV, not the checkpoint: the leaf's
+    # checkpoint may go, its KV may not; a mamba lock protects both.
     leaf = TreeNode(5, (1, 2), torch.arange(2), parent=None, depth=2, extra_key=None, mamba_slot=3)
     assert is_mamba_candidate(leaf) and is_full_candidate(leaf)
-    leaf.full_lock_ref = 1
+    leaf.full_lock_ref = leaf.kv_lock_ref = 1
+    assert is_mamba_candidate(leaf) and not is_full_candidate(leaf)
+    leaf.kv_lock_ref, leaf.mamba_lock_ref = 0, 1
     assert not is_mamba_candidate(leaf) and not is_full_candidate(leaf)
+    leaf.mamba_lock_ref = 0
     leaf.children[9] = leaf  # any child makes it internal: its checkpoint may go, its KV may not
     assert is_mamba_candidate(leaf) and not is_full_candidate(leaf)
     leaf.mamba_lock_ref = 1
