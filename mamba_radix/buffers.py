@@ -165,10 +165,16 @@ class BufferStrategy:
         passed on to the pool (``False``: the caller validated ``req`` and allocated ``new_slot``)."""
         return new_slot, True
 
-    def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
-        """At finish: the request's slot holding the state at :meth:`checkpoint_len`, donated as is."""
+    def checkpoint_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
+        """The request's slot holding the state at :meth:`checkpoint_len`: the live slot (tracking
+        strategies: the ping-pong keep entry). Read, not given away: a quantized hand-over
+        (``checkpoint_format`` int8 / fp8_e4m3) quantizes it and the request keeps it. No side effects."""
         assert req.mamba_pool_idx is not None
         return req.mamba_pool_idx
+
+    def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
+        """At finish: the request's slot holding the state at :meth:`checkpoint_len`, donated as is."""
+        return self.checkpoint_slot(req, pool)
 
 
 class NoBuffer(BufferStrategy):
@@ -241,7 +247,7 @@ class ExtraBuffer(BufferStrategy):
     ) -> tuple[int, bool]:
         return pool.donate_ping_pong_slot(req, new_slot, check), False
 
-    def finished_tree_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
+    def checkpoint_slot(self, req: Req, pool: HybridReqToTokenPool) -> int:
         buffer = req.mamba_ping_pong_track_buffer
         assert buffer is not None
         return buffer[pool.ping_pong_keep_idx(req)]

@@ -10,6 +10,13 @@ module docstring of :mod:`mamba_radix.lifecycle`.
 
 Slot exhaustion never raises: a checkpoint that cannot get a slot even after eviction is skipped and
 counted in :attr:`MambaRadixCache.stats`.
+
+Checkpoint storage (``config.checkpoint_format``): under ``model`` a node's checkpoint is a state-pool slot
+(a hand-over donates or copies one, a hit copies it). Under ``int8`` / ``fp8_e4m3`` it is a slot of the
+cache's :attr:`~MambaRadixCache.checkpoint_pool`: a hand-over quantizes the request's state into a fresh
+checkpoint slot (evicting checkpoints when that pool is full), a hit dequantizes it into the request's own
+slot, and whatever the tree releases is freed there. The state pool then holds running requests' slots
+only, so evicting checkpoints frees no state slot: a state-slot shortfall evicts nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 from mamba_radix.buffers import buffer_strategy
 from mamba_radix.cache_results import CacheStats, EvictResult, InsertResult, MatchResult, PrefixPeek
 from mamba_radix.config import CacheConfig
-from mamba_radix.errors import InvalidArgument, InvalidIndex, check_count
+from mamba_radix.errors import InvalidArgument, InvalidIndex, OutOfSlots, check_count
 from mamba_radix.events import CacheEvent, EventLog
 from mamba_radix.insert_checks import check_cache_pools, check_caller_owns, check_not_tree_kv
 from mamba_radix.invariants import check_invariants
@@ -36,6 +43,7 @@ from mamba_radix.pools import (
     TokenToKVPoolAllocator,
     make_kv_allocator,
 )
+from mamba_radix.pools.checkpoint_pool import CheckpointPool, default_checkpoint_slots
 from mamba_radix.pools.held import HeldIndices
 from mamba_radix.request import Req
 from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
@@ -93,6 +101,12 @@ class MambaRadixCache:
         self.policy = policy
         policy.cache = self
         self.buffer = buffer_strategy(config)
+        # the quantized checkpoints' own pool; None under checkpoint_format="model" (checkpoints are state
+        # slots): every branch on the format tests this one attribute
+        self.checkpoint_pool: CheckpointPool | None = None
+        if config.checkpoint_format != "model":
+            num = config.checkpoint_slots or default_checkpoint_slots(self.mamba_pool.size)
+            self.checkpoint_pool = CheckpointPool(self.mamba_pool, config.checkpoint_format, num)
         self._grid = config.mamba_checkpoint_grid  # a property computing an lcm: read once
         self.stats = CacheStats()
         # chosen once: None costs an attribute test per insert and eviction; a log names what they change
@@ -336,7 +350,7 @@ class MambaRadixCache:
         held_by = self.req_to_token_pool.slot_holder(dst) if isinstance(dst, int) else None
         if (
             not isinstance(dst, int)
-            or dst in self.tree.slot_owner
+            or (self.checkpoint_pool is None and dst in self.tree.slot_owner)
             or not bool(self.mamba_pool.is_allocated([dst])[0])
             or (held_by is not None and held_by is not req)
         ):
@@ -356,7 +370,7 @@ class MambaRadixCache:
         if dst is None:
             # alloc_state_slot's steps, with the lock only if it evicts
             slots = self.mamba_pool.alloc(1, as_list=True)
-            if slots is None:
+            if slots is None and self.checkpoint_pool is None:  # quantized: no checkpoint holds a state slot
                 # Lock the source so that the eviction that makes room cannot take it.
                 self.tree.inc_lock_ref(node)
                 try:
@@ -379,7 +393,10 @@ class MambaRadixCache:
             else:  # not admitted yet: admission keeps a live slot already set (HybridReqToTokenPool.alloc)
                 req.mamba_pool_idx = dst
         assert node.mamba_slot is not None
-        self.mamba_pool.copy_slot(node.mamba_slot, dst)  # trusted: our checkpoint, the request's own slot
+        if self.checkpoint_pool is None:
+            self.mamba_pool.copy_slot(node.mamba_slot, dst)  # trusted: our checkpoint, the request's own slot
+        else:  # dequantized into the request's own slot, in the model's dtype
+            self.checkpoint_pool.load_into(self.mamba_pool, [node.mamba_slot], [dst], check=False)
         req.mamba_cow_src_slot = node.mamba_slot
         self.stats.state_copies += 1
         return True
@@ -396,7 +413,10 @@ class MambaRadixCache:
 
         Frees the caller's KV indices at positions ``>= prev_prefix_len`` that duplicate tree KV. The
         slot becomes the tree's unless ``mamba_exists`` (then the caller still owns, and frees, it). After
-        adding a checkpoint, the per-path cap may free older checkpoints of the path.
+        adding a checkpoint, the per-path cap may free older checkpoints of the path. Under a quantized
+        ``checkpoint_format`` the tree keeps a quantized copy and the caller's slot is freed instead (the
+        same contract for the caller); with no checkpoint slot free it raises
+        :class:`~mamba_radix.errors.OutOfSlots`, nothing changed.
 
         Side effects: may split a node; ticks the clock. Raises :class:`InvalidArgument` /
         :class:`InvalidIndex` (nothing changed) for unallocated indices or slot, a bad length, or an index
@@ -417,7 +437,41 @@ class MambaRadixCache:
             self.req_to_token_pool,
         )
         check_not_tree_kv(kv_indices, prev_prefix_len, self.held_kv)
-        return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
+        if self.checkpoint_pool is None:
+            return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
+        return self._insert_quantized(key, kv_indices, mamba_slot, prev_prefix_len)
+
+    def _insert_quantized(
+        self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
+    ) -> tuple[InsertResult, TreeInsert]:
+        """:meth:`insert` under a quantized format, for a caller that follows the ``model`` contract (the
+        slot becomes the tree's unless ``mamba_exists``): the state is quantized into a free checkpoint
+        slot and the caller's state slot freed, unless ``mamba_exists`` (the caller keeps its slot, the
+        fresh checkpoint is freed). Like the ``model`` insert it evicts nothing: with no checkpoint slot
+        free it raises :class:`~mamba_radix.errors.OutOfSlots`, nothing changed."""
+        pool = self.checkpoint_pool
+        assert pool is not None
+        if not self.mamba_pool.is_slot_allocated(mamba_slot):  # a wrong type is not left to the tree here
+            raise InvalidIndex(
+                f"state slot {mamba_slot!r} is not an allocated slot; insert only slots from alloc"
+            )
+        ckpt = pool.store_from(self.mamba_pool, mamba_slot, check=False)  # the caller's slot (checked)
+        if ckpt is None:
+            raise OutOfSlots(
+                f"all {pool.size} checkpoint slots are in use; evict checkpoints first "
+                "(cache.evict(num_states=1)) or raise checkpoint_slots"
+            )
+        try:
+            done = self.tree.insert(key, kv_indices, ckpt, prev_prefix_len)
+        except BaseException:
+            pool.free([ckpt], check=False)  # a refused insert: the fresh checkpoint goes back
+            raise
+        result = self._settle_insert(done)
+        if done.mamba_exists:
+            pool.free([ckpt], check=False)  # the tree has this state already: the fresh copy goes
+        else:
+            self.mamba_pool.free([mamba_slot], check=False)  # consumed, as under "model"
+        return result
 
     def insert_below(
         self, node: TreeNode, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int
@@ -437,7 +491,8 @@ class MambaRadixCache:
         if done.new_kv is not None and self._tree_kv is not None:
             self._tree_kv.hold(done.new_kv)
         if done.capped_slots:
-            self.mamba_pool.free(done.capped_slots, check=False)  # checkpoints the tree just dropped
+            # checkpoints the tree just dropped
+            self._checkpoint_slots().free(done.capped_slots, check=False)
             self.stats.checkpoints_capped += len(done.capped_slots)
         if done.mamba_exists:
             self.stats.checkpoints_existing += 1
@@ -526,7 +581,7 @@ class MambaRadixCache:
                 self._tree_kv.release(kv)
             self.token_to_kv_pool_allocator.free(kv, check=False)
         if freed.slots:
-            self.mamba_pool.free(freed.slots, check=False)
+            self._checkpoint_slots().free(freed.slots, check=False)
         self.stats.tokens_evicted += freed.num_tokens
         self.stats.states_evicted += freed.num_states
 
@@ -535,13 +590,16 @@ class MambaRadixCache:
 
         Returns whether both are free now. Raises :class:`InvalidArgument` (nothing evicted) for counts
         that are not ints >= 0; ``check=False`` trusts counts the caller computed (the lifecycle's).
-        O(victims * log n).
+        Under a quantized checkpoint format no checkpoint holds a state slot, so a state shortfall evicts
+        nothing. O(victims * log n).
         """
         if check:
             check_count(num_tokens, "make_room: num_tokens")
             check_count(num_states, "make_room: num_states")
         short_tokens = max(0, num_tokens - self.token_to_kv_pool_allocator.available_size())
         short_states = max(0, num_states - self.mamba_pool.available_size())
+        if self.checkpoint_pool is not None:
+            short_states = 0
         if short_tokens or short_states:
             self.evict(short_tokens, short_states)
         return (
@@ -568,13 +626,36 @@ class MambaRadixCache:
         return self.token_to_kv_pool_allocator.alloc(num_tokens)
 
     def alloc_state_slot(self) -> int | None:
-        """One state slot, evicting one checkpoint if none is free; ``None`` if still none.
-        O(log n)."""
+        """One state slot, evicting one checkpoint if none is free (not under a quantized format: no
+        checkpoint holds a state slot); ``None`` if still none. O(log n)."""
         slots = self.mamba_pool.alloc(1, as_list=True)
-        if slots is None:
+        if slots is None and self.checkpoint_pool is None:
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1, as_list=True)
         return None if slots is None else slots[0]
+
+    # ------------------------------------------------------------------------- quantized checkpoints
+    def _checkpoint_slots(self) -> MambaPool | CheckpointPool:
+        """The pool the tree's checkpoint slots come from (and go back to). O(1)."""
+        return self.mamba_pool if self.checkpoint_pool is None else self.checkpoint_pool
+
+    def store_checkpoint(self, src_slot: int) -> int | None:
+        """Quantized formats only: quantize state slot ``src_slot`` (the caller's, allocated: trusted) into
+        a fresh checkpoint slot, evicting one checkpoint if none is free (SGLang's
+        ``_alloc_int8_ckpt_slot``); returns the slot (the caller's until handed to the tree), or ``None``
+        with nothing written when none can be had. O(slot elements + log n)."""
+        pool = self.checkpoint_pool
+        assert pool is not None, "store_checkpoint is for a quantized checkpoint_format"
+        ckpt = pool.store_from(self.mamba_pool, src_slot, check=False)
+        if ckpt is None:
+            self.evict(num_states=1)
+            ckpt = pool.store_from(self.mamba_pool, src_slot, check=False)
+        return ckpt
+
+    def free_checkpoint(self, ckpt_slot: int) -> None:
+        """Return a checkpoint slot :meth:`store_checkpoint` gave and the tree did not take (its insert
+        found the state there already). Trusted. O(1)."""
+        self._checkpoint_slots().free([ckpt_slot], check=False)
 
     # ------------------------------------------------------------------------------------------- events
     def take_events(self) -> list[CacheEvent]:

@@ -28,6 +28,7 @@ import torch
 from mamba_radix_kernels import quant_naive
 
 from mamba_radix import state_ops
+from mamba_radix.config import CHECKPOINT_FORMATS
 from mamba_radix.errors import InvalidArgument, check_count
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "storage_dtype",
 ]
 
-CHECKPOINT_FORMATS = ("model", "int8", "fp8_e4m3")
 _QDTYPE = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 _SCALE_BYTES = 4  # one fp32 scale per row
 

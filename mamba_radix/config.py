@@ -20,6 +20,7 @@ from mamba_radix.errors import ConfigError
 
 __all__ = [
     "CHECKPOINT_ADMISSIONS",
+    "CHECKPOINT_FORMATS",
     "EVICTION_ORDERS",
     "FIELD_CHOICES",
     "LRU_REFRESH_MODES",
@@ -28,6 +29,7 @@ __all__ = [
     "UNIFIED_GIVE_WAY_RULES",
     "CacheConfig",
     "CheckpointAdmission",
+    "CheckpointFormat",
     "EvictionOrder",
     "LruRefresh",
     "ResolvedStrategy",
@@ -44,6 +46,7 @@ LruRefresh = Literal["node", "path"]
 CheckpointAdmission = Literal["all", "branch_and_end"]
 SlotHeadroom = Literal["exact", "per_chunk"]
 UnifiedGiveWay = Literal["sglang", "older_victim", "floor"]
+CheckpointFormat = Literal["model", "int8", "fp8_e4m3"]
 
 STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed", "flop_weighted")
@@ -71,6 +74,9 @@ DISAGGREGATION_MODES: tuple[str, ...] = ("null", "prefill", "decode")
 # who gives way when the unified pool's two sides meet (mamba_radix.pools.unified re-exports it as
 # GIVE_WAY_RULES and states each rule)
 UNIFIED_GIVE_WAY_RULES: tuple[str, ...] = ("sglang", "older_victim", "floor")
+# how the tree's checkpoints are stored (mamba_radix.checkpoint_format re-exports it and defines each);
+# here, so that a config is validated without importing torch
+CHECKPOINT_FORMATS: tuple[str, ...] = ("model", "int8", "fp8_e4m3")
 
 # Fields that take one of a fixed set of names, and the names (the CLI's choices read it too).
 FIELD_CHOICES: dict[str, tuple[str, ...]] = {
@@ -81,6 +87,7 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "mamba_slot_headroom": SLOT_HEADROOM_MODES,
     "disaggregation_mode": DISAGGREGATION_MODES,
     "unified_memory_give_way": UNIFIED_GIVE_WAY_RULES,
+    "checkpoint_format": CHECKPOINT_FORMATS,
 }
 
 
@@ -206,6 +213,15 @@ class CacheConfig:
       disaggregation (the seeds' incompatibilities; the host tier and DCP > 1 have no field here).
     - ``unified_memory_give_way``: who gives way when the sides meet: ``sglang`` (the requester evicts its
       own, a state shortfall then evicts KV), ``older_victim`` or ``floor``.
+
+    Quantized checkpoints (SGLang's ``--enable-int8-mamba-checkpoint``; ``docs/checkpoint-formats.md``):
+
+    - ``checkpoint_format``: ``model`` (checkpoints are state-pool slots in the model's dtype, as always),
+      ``int8`` or ``fp8_e4m3``: the tree's checkpoints live in a separate checkpoint pool
+      (:class:`~mamba_radix.pools.checkpoint_pool.CheckpointPool`), quantized at a hand-over and
+      dequantized into the request's own slot at a hit. Refused with unified memory.
+    - ``checkpoint_slots``: slots of that pool (SGLang's ``--int8-mamba-ckpt-size``); ``None``: twice the
+      state pool's slots, as SGLang. Only with a quantized format.
     """
 
     page_size: int = 1
@@ -233,6 +249,9 @@ class CacheConfig:
     # unified memory (SGLang's --enable-unified-memory)
     enable_unified_memory: bool = False
     unified_memory_give_way: UnifiedGiveWay = "sglang"
+    # quantized checkpoints (SGLang's --enable-int8-mamba-checkpoint / --int8-mamba-ckpt-size)
+    checkpoint_format: CheckpointFormat = "model"
+    checkpoint_slots: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -240,6 +259,7 @@ class CacheConfig:
         self._check_ranges()
         self._check_strategy()
         self._check_unified_memory()
+        self._check_checkpoint_format()
 
     # ----------------------------------------------------------------------------------------- validation
     def _check_types(self) -> None:
@@ -363,6 +383,27 @@ class CacheConfig:
             raise ConfigError(
                 f"enable_unified_memory=True does not support PD disaggregation (disaggregation_mode="
                 f"{self.disaggregation_mode!r}); set disaggregation_mode='null' or disable unified memory"
+            )
+
+    def _check_checkpoint_format(self) -> None:
+        fmt = self.checkpoint_format  # a known name already (_check_choices)
+        slots = self.checkpoint_slots
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+            raise ConfigError(
+                f"checkpoint_slots must be a positive int or None (twice the state pool's slots), got {slots!r}"
+            )
+        if fmt == "model":
+            if slots is not None:
+                raise ConfigError(
+                    f"checkpoint_slots={slots} sizes a quantized checkpoint pool, which checkpoint_format='model' "
+                    "does not have; set checkpoint_format='int8' or 'fp8_e4m3', or leave checkpoint_slots=None"
+                )
+            return
+        if self.enable_unified_memory:
+            raise ConfigError(
+                f"checkpoint_format={fmt!r} does not compose with enable_unified_memory=True (the unified byte "
+                "budget holds no checkpoint pool; SGLang drops its int8 pool there); use checkpoint_format='model' "
+                "or disable unified memory"
             )
 
     # -------------------------------------------------------------------------------------- derived values

@@ -5,7 +5,9 @@
    was evicted while a request decoded on it, ``skip_decode_lock``; it goes at that lock's release);
 2. a split never copies a checkpoint: every slot is held by exactly one node (``slot_owner`` agrees);
 3. conservation: every allocated KV index and state slot is owned by exactly one of a tree node, a
-   running request (when the caller passes the complete set of running requests) or the free list; each
+   running request (when the caller passes the complete set of running requests) or the free list (under a
+   quantized ``checkpoint_format``: every allocated checkpoint slot by exactly one tree node, always, and
+   every allocated state slot by a running request; no node holds a state slot); each
    allocator's own bookkeeping agrees with itself (free count equals its bitmap's, no id both free and
    allocated: a double free is caught here, not at the next allocation); the cache's held-KV flags (:mod:`mamba_radix.pools.held`) mark exactly the tree's KV;
 4. the evictable/protected counters equal the sums over unlocked/locked nodes;
@@ -241,7 +243,11 @@ def _check_requests(cache: CheckedCache, reqs: list[Req]) -> tuple[list[torch.Te
 def _check_pool_bookkeeping(cache: CheckedCache) -> None:
     """Invariant 3 inside each allocator: its free count equals its bitmap's and nothing is both free and
     allocated (``audit``), so a double free through a trusted path is caught at the next check."""
-    for pool in (cache.token_to_kv_pool_allocator, cache.mamba_pool, cache.req_to_token_pool):
+    pools: list = [cache.token_to_kv_pool_allocator, cache.mamba_pool, cache.req_to_token_pool]
+    checkpoint_pool = getattr(cache, "checkpoint_pool", None)
+    if checkpoint_pool is not None:
+        pools.append(checkpoint_pool)
+    for pool in pools:
         try:
             pool.audit()
         except InvariantError as err:
@@ -309,7 +315,14 @@ def check_invariants(cache: CheckedCache, running_reqs: Iterable[Req] | None = N
         pages = [tree_pages] + [torch.unique(kv // page) for kv in req_kv]
         _check_owners(cache, "KV page", pages, torch.unique(allocated_kv // page), complete)
     _check_held_flags(cache, tree_kv)
-    slot_lists = [torch.tensor(list(tree.slot_owner), dtype=torch.int64)]
-    slot_lists.append(torch.tensor(req_slots, dtype=torch.int64))
+    tree_slots = torch.tensor(list(tree.slot_owner), dtype=torch.int64)
+    request_slots = torch.tensor(req_slots, dtype=torch.int64)
     allocated_slots = cache.mamba_pool.allocated_slots().cpu()
-    _check_owners(cache, "state slot", slot_lists, allocated_slots, complete)
+    checkpoint_pool = getattr(cache, "checkpoint_pool", None)
+    if checkpoint_pool is None:  # checkpoints are state slots
+        _check_owners(cache, "state slot", [tree_slots, request_slots], allocated_slots, complete)
+        return
+    # quantized: the tree alone owns checkpoint slots (complete whatever the caller passed); the state pool
+    # holds running requests' slots only
+    _check_owners(cache, "checkpoint slot", [tree_slots], checkpoint_pool.allocated_slots().cpu(), True)
+    _check_owners(cache, "state slot", [request_slots], allocated_slots, complete)

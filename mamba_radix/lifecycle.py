@@ -115,6 +115,9 @@ class RequestLifecycle:
         self.req_to_token_pool = cache.req_to_token_pool
         self.token_to_kv_pool_allocator = cache.token_to_kv_pool_allocator
         self.mamba_pool = cache.mamba_pool
+        # the quantized checkpoints' pool (checkpoint_format int8 / fp8_e4m3), None under "model"; when set,
+        # no checkpoint is a state slot, a hand-over quantizes and nothing is donated
+        self.checkpoint_pool = cache.checkpoint_pool
         self.reserved_kv_tokens = 0
         self.kv_only_locked: WeakSet[Req] = WeakSet()
         self.checked_tokens: WeakKeyDictionary[Req, array] = WeakKeyDictionary()
@@ -163,11 +166,14 @@ class RequestLifecycle:
         kv_room = allocator.available_size() + self.cache.full_evictable_size() - peek.unlocked_tokens
         if kv_room < self.reserved_kv_tokens + need_tokens:
             return verdict("kv_tokens")
-        slot_room = (
-            self.mamba_pool.available_size()
-            + self.cache.mamba_evictable_size()
-            - int(peek.unlocked_checkpoint)
-        )
+        if self.checkpoint_pool is None:
+            slot_room = (
+                self.mamba_pool.available_size()
+                + self.cache.mamba_evictable_size()
+                - int(peek.unlocked_checkpoint)
+            )
+        else:  # checkpoints live in their own pool: evicting them frees no state slot
+            slot_room = self.mamba_pool.available_size()
         if slot_room < need_slots:
             return verdict("state_slots")
         return verdict(None)
@@ -468,21 +474,34 @@ class RequestLifecycle:
         """Hand the state at ``cache_len`` and the KV ``span`` (the row's ``[cache_protected_len,
         cache_len)``, validated) to the tree, walking from ``req.last_node``. Only where the tree held
         tokens already (their duplicates freed) is the row rewritten: O(new tokens + path nodes * log n)."""
-        new_slot = self.cache.alloc_state_slot()
-        if new_slot is None:
-            self.cache.stats.checkpoints_skipped += 1
-            return
-        tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot, check)
-        if copy:
-            assert req.mamba_pool_idx is not None
-            self.mamba_pool.copy_slot(req.mamba_pool_idx, tree_slot)  # trusted: the request's, a fresh slot
-            self.cache.stats.state_copies += 1
+        quantized = self.checkpoint_pool is not None
+        if quantized:
+            # quantized into a fresh checkpoint slot (evicting checkpoints when that pool is full); the
+            # request keeps every state slot it holds (nothing donated: docs/checkpoint-formats.md)
+            source = self.buffer.checkpoint_slot(req, self.req_to_token_pool)
+            tree_slot = self.cache.store_checkpoint(source)
+            if tree_slot is None:
+                self.cache.stats.checkpoints_skipped += 1
+                return
+        else:
+            new_slot = self.cache.alloc_state_slot()
+            if new_slot is None:
+                self.cache.stats.checkpoints_skipped += 1
+                return
+            tree_slot, copy = self.buffer.unfinished_tree_slot(req, self.req_to_token_pool, new_slot, check)
+            if copy:
+                assert req.mamba_pool_idx is not None
+                # trusted: the request's, a fresh slot
+                self.mamba_pool.copy_slot(req.mamba_pool_idx, tree_slot)
+                self.cache.stats.state_copies += 1
         protected = req.cache_protected_len
         old = req.last_node
         assert old is not None
         suffix = self._token_key(req, protected, cache_len)
         result, done = self.cache.insert_below(old, suffix, span.to(torch.int64), tree_slot)
-        if result.mamba_exists:
+        if result.mamba_exists and quantized:
+            self.cache.free_checkpoint(tree_slot)  # the tree has this state already
+        elif result.mamba_exists:
             self.mamba_pool.free([tree_slot], check=False)  # the fresh slot just donated back
         if result.prefix_len > protected:
             # The tree held [protected, prefix_len) already and the insert freed the request's duplicates
@@ -551,12 +570,24 @@ class RequestLifecycle:
         node = req.last_node
         assert node is not None
         keep: int | None = None
+        ckpt: int | None = None
+        if cache_len > protected and self.checkpoint_pool is not None:
+            # quantized into a fresh checkpoint slot; every state slot of the request is freed below
+            ckpt = self.cache.store_checkpoint(self.buffer.checkpoint_slot(req, self.req_to_token_pool))
+            if ckpt is None:  # no checkpoint slot even after eviction: nothing inserted, the KV freed
+                self.cache.stats.checkpoints_skipped += 1
+                cache_len = protected
         if cache_len > protected:
-            tree_slot = self.buffer.finished_tree_slot(req, self.req_to_token_pool)
+            tree_slot = (
+                ckpt if ckpt is not None else self.buffer.finished_tree_slot(req, self.req_to_token_pool)
+            )
             suffix = self._token_key(req, protected, cache_len)
             kv = own_kv[: cache_len - protected].to(torch.int64)
             result, _ = self.cache.insert_below(node, suffix, kv, tree_slot)
-            keep = None if result.mamba_exists else tree_slot
+            if ckpt is None:
+                keep = None if result.mamba_exists else tree_slot
+            elif result.mamba_exists:
+                self.cache.free_checkpoint(ckpt)  # the tree has this state already
         if kv_end > cache_len:
             self.token_to_kv_pool_allocator.free(own_kv[cache_len - protected :].to(torch.int64), check)
         self.req_to_token_pool.free_mamba_cache(req, keep=keep, check=check)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.node import TreeNode
     from mamba_radix.policy import CachePolicy
     from mamba_radix.pools import MambaPool, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from mamba_radix.pools.checkpoint_pool import CheckpointPool
     from mamba_radix.pools.held import HeldIndices
     from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
     from mamba_radix.request import Req
@@ -37,6 +38,8 @@ class LifecycleCache(Protocol):
     req_to_token_pool: HybridReqToTokenPool
     token_to_kv_pool_allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
     mamba_pool: MambaPool
+    # quantized checkpoints' pool (checkpoint_format int8 / fp8_e4m3); None under "model"
+    checkpoint_pool: CheckpointPool | None
 
     def peek_with_walk(self, radix_key: RadixKey) -> tuple[PrefixPeek, Walk | None]: ...
 
@@ -51,6 +54,10 @@ class LifecycleCache(Protocol):
     def make_room(self, num_tokens: int = 0, num_states: int = 0, *, check: bool = True) -> bool: ...
 
     def alloc_state_slot(self) -> int | None: ...
+
+    def store_checkpoint(self, src_slot: int) -> int | None: ...
+
+    def free_checkpoint(self, ckpt_slot: int) -> None: ...
 
     def held_kv(self) -> HeldIndices: ...
 

@@ -1,5 +1,6 @@
-"""Memory pools: the request table, KV index allocators, KV storage, the recurrent-state pool, and the
-unified memory pool (KV and states in one byte buffer, :mod:`~mamba_radix.pools.unified`).
+"""Memory pools: the request table, KV index allocators, KV storage, the recurrent-state pool, the
+quantized checkpoint pool (:mod:`~mamba_radix.pools.checkpoint_pool`), and the unified memory pool (KV
+and states in one byte buffer, :mod:`~mamba_radix.pools.unified`).
 
 Semantics follow SGLang's ``mem_cache`` pools (seed 003, ``reference/sglang-semantics.md`` §6); the
 contracts are in ``docs/architecture.md``. Every pool works on a chosen torch device, reports
@@ -10,6 +11,7 @@ anything on misuse.
 
 import torch
 
+from mamba_radix.pools.checkpoint_pool import CheckpointPool
 from mamba_radix.pools.hybrid_req_to_token import HybridReqToTokenPool
 from mamba_radix.pools.kv_storage import (
     HybridLinearKVPool,
@@ -27,6 +29,7 @@ from mamba_radix.pools.unified_layout import KVLayout, StateLayout
 
 __all__ = [
     "GIVE_WAY_RULES",
+    "CheckpointPool",
     "HybridLinearKVPool",
     "HybridReqToTokenPool",
     "KVAllocator",
