@@ -143,6 +143,8 @@ SIM = frozenset({"simulate", "sweep"})
 ALL = frozenset({"simulate", "sweep", "plan"})
 PLAN = frozenset({"plan"})
 LOAD = frozenset({"simulate"})  # bench_serving's load test: simulate only
+# speculative decoding's settings: plan sizes with them; simulate sizes its pools with them and nothing else
+SPEC = frozenset({"simulate", "plan"})
 
 
 @dataclass(frozen=True)
@@ -369,15 +371,15 @@ def _other_flags() -> list[Flag]:
         # plan only
         Flag("--disable-radix-cache", "plan", bool_value, "no prefix caching (one slot per request)", PLAN, "cache",
              False, switch=True),
-        Flag("--speculative-num-draft-tokens", "plan", int_in(0, 1024), "verify tokens per step", PLAN,
+        Flag("--speculative-num-draft-tokens", "plan", int_in(0, 1024), "verify tokens per step", SPEC,
              "speculative", 0),
-        Flag("--enable-linear-replayssm-spec", "plan", bool_value, "allocate ReplaySSM rings", PLAN, "speculative",
+        Flag("--enable-linear-replayssm-spec", "plan", bool_value, "allocate ReplaySSM rings", SPEC, "speculative",
              False, switch=True),
-        Flag("--linear-replayssm-cache-len", "plan", int_in(1, 1 << 16), "ring length L (a power of two)", PLAN,
+        Flag("--linear-replayssm-cache-len", "plan", int_in(1, 1 << 16), "ring length L (a power of two)", SPEC,
              "speculative", 16),
         Flag("--speculative-dspark-block-size", "plan", int_in(1, 1023),
              "DSpark's block size gamma: the verify window is 1 + gamma tokens, so it sets "
-             "--speculative-num-draft-tokens to gamma + 1", PLAN, "speculative"),
+             "--speculative-num-draft-tokens to gamma + 1", SPEC, "speculative"),
         Flag("--input-len", "plan", int_in(1, MAX_SEQ_TOKENS), "input tokens per request", PLAN, "workload"),
         Flag("--output-len", "plan", int_in(1, MAX_SEQ_TOKENS), "output tokens per request", PLAN, "workload"),
         Flag("--trace", "plan", str, "JSONL trace (Mooncake block format); lengths only", PLAN, "workload",
@@ -403,6 +405,44 @@ def _other_flags() -> list[Flag]:
     ]  # fmt: skip
 
 
+def _checkpoint_flags() -> list[Flag]:
+    """``--checkpoint-format`` and ``--checkpoint-slots``: CacheConfig fields (every command) once CacheConfig
+    has them; before that the planner's alone (``simulate`` would build a config without the field: its
+    parser does not offer the flags, so asking for one is a usage error, never a silent model-format run)."""
+    from mamba_radix.capacity.formats import CHECKPOINT_FORMAT_NAMES
+
+    in_config = _config_default("checkpoint_format") is not MISSING
+    where, commands = ("config", ALL) if in_config else ("plan", PLAN)
+    return [
+        Flag("--checkpoint-format", where, choice(CHECKPOINT_FORMAT_NAMES),
+             "how the tree's checkpoints are stored: model (the state pool's dtype, one pool), int8 or fp8_e4m3 "
+             "(a quantized checkpoint pool; running requests keep the model dtype); the state budget is the same "
+             "bytes either way (SGLang's --enable-int8-mamba-checkpoint adds its int8 pool beyond the budget)",
+             commands, "memory", "model"),
+        Flag("--checkpoint-slots", where, int_in(1, 1 << 22),
+             "slots of the quantized checkpoint pool (SGLang's --int8-mamba-ckpt-size), taken from the state "
+             "budget; the working slots get the rest", commands, "memory",
+             default_text="twice the working slots, at equal bytes (SGLang's proportion)"),
+    ]  # fmt: skip
+
+
+def _planner_flags() -> list[Flag]:
+    """Flags only ``plan`` has: deployment settings it checks against unified memory and checkpoint formats
+    (no simulator models them), and the comparison table."""
+    return [
+        Flag("--enable-hierarchical-cache", "plan", bool_value,
+             "SGLang's host tier (HiCache): plan only checks what it rules out (unified memory, quantized "
+             "checkpoints)", PLAN, "cache", False, switch=True),
+        Flag("--disaggregation-mode", "plan", choice(("null", "prefill", "decode")),
+             "PD disaggregation role (null: none); plan only checks what it rules out (unified memory)", PLAN,
+             "cache", "null"),
+        Flag("--compare-memory-options", "plan", bool_value,
+             "compare, at equal bytes, a static ratio (the given one and the workload's best), the adaptive "
+             "split and the unified pool, each with every checkpoint format; needs a workload", PLAN, "workload",
+             False, switch=True),
+    ]  # fmt: skip
+
+
 _TABLE: list[Flag] | None = None
 
 
@@ -410,7 +450,7 @@ def FLAGS() -> list[Flag]:
     """The table (built once: it reads CacheConfig, CostModel, the presets)."""
     global _TABLE
     if _TABLE is None:
-        _TABLE = _cache_flags() + _other_flags()
+        _TABLE = _cache_flags() + _other_flags() + _checkpoint_flags() + _planner_flags()
     return _TABLE
 
 
@@ -419,7 +459,10 @@ _GROUP_TITLES: dict[str, str | dict[str, str]] = {
     "memory": "memory (per rank; GB = GiB as in SGLang)",
     "cache": "cache",
     "engine": "engine and cost model",
-    "speculative": "speculative decoding",
+    "speculative": {
+        "plan": "speculative decoding",
+        "simulate": "speculative decoding (sizes the pools only, as plan does: not simulated)",
+    },
     "workload": {
         "plan": "workload (for the recommendation)",
         "simulate": "load test: bench_serving's random dataset (with --dataset-name random)",

@@ -5,11 +5,15 @@
 - :mod:`~mamba_radix.capacity.sizing`: SGLang's resolution of slots, tokens and ``max_running_requests``;
 - :mod:`~mamba_radix.capacity.planner`: workload-aware checkpoints, balanced ratio, TP versus DCP;
 - :mod:`~mamba_radix.capacity.official`: SGLang's official ratio calculator and the steps to the planner's;
+- :mod:`~mamba_radix.capacity.formats`: checkpoint formats at equal bytes (working and checkpoint slots);
+- :mod:`~mamba_radix.capacity.unified`: unified memory's start-up budget against a workload's peak;
+- :mod:`~mamba_radix.capacity.options`: static, adaptive and unified, x checkpoint format, at equal bytes;
 - :mod:`~mamba_radix.capacity.cli`: the ``plan`` subcommand.
 """
 
 from __future__ import annotations
 
+from mamba_radix.capacity.formats import FormatSizing, resolve_checkpoints
 from mamba_radix.capacity.memory import (
     GIB,
     KIB,
@@ -35,6 +39,7 @@ from mamba_radix.capacity.models import (
     model_from_dict,
 )
 from mamba_radix.capacity.official import Comparison, OfficialAnswer, official_answer, official_ratio
+from mamba_radix.capacity.options import MemoryComparison, MemoryOption, compare_memory_options
 from mamba_radix.capacity.planner import (
     Balance,
     CheckpointCount,
@@ -59,6 +64,7 @@ from mamba_radix.capacity.sizing import (
     capped_message,
     resolve_pools,
 )
+from mamba_radix.capacity.unified import UnifiedPlan, unified_plan
 
 __all__ = [
     "GIB",
@@ -69,12 +75,15 @@ __all__ = [
     "CheckpointCount",
     "Comparison",
     "DcpOption",
+    "FormatSizing",
     "GQAAttention",
     "KVTokenBytes",
     "LinearAttention",
     "MLAAttention",
     "Mamba2Mixer",
     "MemoryBudget",
+    "MemoryComparison",
+    "MemoryOption",
     "ModelSpec",
     "OfficialAnswer",
     "Parallelism",
@@ -84,12 +93,14 @@ __all__ = [
     "RequestShape",
     "SizingInputs",
     "StateSlotBytes",
+    "UnifiedPlan",
     "Workload",
     "WorkloadCheckpoints",
     "balance",
     "capped_message",
     "check_ring_len",
     "compare_dcp",
+    "compare_memory_options",
     "decode_checkpoint_positions",
     "decode_slots_in_use",
     "expected_checkpoints",
@@ -103,6 +114,8 @@ __all__ = [
     "plan",
     "prefill_checkpoint_positions",
     "replay_ring_bytes",
+    "resolve_checkpoints",
     "resolve_pools",
     "state_slot_bytes",
+    "unified_plan",
 ]

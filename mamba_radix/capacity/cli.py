@@ -12,17 +12,30 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 
+from mamba_radix.capacity.formats import FormatSizing
 from mamba_radix.capacity.memory import GIB, Parallelism, gib, kib, mib, torch_dtype_name
 from mamba_radix.capacity.models import load_model
 from mamba_radix.capacity.official import SKIP_LOCK_ENV, Comparison, SplitOutcome
+from mamba_radix.capacity.options import MemoryComparison, compare_memory_options
 from mamba_radix.capacity.planner import Plan, Workload, decode_slots_in_use, plan
 from mamba_radix.capacity.sizing import DEFAULT_MAMBA_FULL_MEMORY_RATIO, MemoryBudget, SizingInputs
+from mamba_radix.capacity.unified import UnifiedPlan, unified_plan
 from mamba_radix.config import CacheConfig
 from mamba_radix.defaults import deployment_for
 from mamba_radix.errors import ConfigError, MambaRadixError
 
-__all__ = ["add_plan_arguments", "build_inputs", "build_workload", "format_plan", "main", "run_plan"]
+__all__ = [
+    "add_plan_arguments",
+    "build_inputs",
+    "build_workload",
+    "format_comparison",
+    "format_plan",
+    "format_unified",
+    "main",
+    "run_plan",
+]
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,11 +69,12 @@ def build_inputs(args: argparse.Namespace) -> SizingInputs:
         for name in (
             "page_size", "mamba_radix_cache_strategy", "disable_overlap_schedule", "mamba_track_interval",
             "mamba_cache_chunk_size", "mamba_max_states_per_path", "chunked_prefill_size",
-            "speculative_num_draft_tokens", "skip_decode_lock", "disable_radix_cache",
+            "speculative_num_draft_tokens", "skip_decode_lock", "disable_radix_cache", "enable_unified_memory",
+            "unified_memory_give_way", "disaggregation_mode", *_CHECKPOINT_CONFIG_FIELDS,
         )
         if getattr(args, name, None) is not None
     }  # fmt: skip
-    cache = CacheConfig(**cache_fields)
+    cache = CacheConfig(**cache_fields)  # its own checks: unified memory with spec decoding or PD
     budget = None
     if args.memory_budget_gb is not None:
         if args.gpu_memory_gb is not None:
@@ -87,7 +101,18 @@ def build_inputs(args: argparse.Namespace) -> SizingInputs:
         max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests,
         context_len=args.context_length,
+        checkpoint_format=getattr(args, "checkpoint_format", None),
+        checkpoint_slots=getattr(args, "checkpoint_slots", None),
+        enable_hierarchical_cache=bool(getattr(args, "enable_hierarchical_cache", False)),
     )  # type: ignore[arg-type]
+
+
+# CacheConfig's checkpoint fields, once it has them (until then they are the planner's alone)
+_CHECKPOINT_CONFIG_FIELDS = tuple(
+    name
+    for name in ("checkpoint_format", "checkpoint_slots")
+    if name in {f.name for f in fields(CacheConfig)}
+)
 
 
 def build_workload(args: argparse.Namespace) -> Workload | None:
@@ -163,6 +188,8 @@ def format_plan(p: Plan) -> str:
         )
     else:
         add("  KV Cache: unknown (give a memory budget or --max-total-tokens)")
+    if p.formats is not None:
+        _format_checkpoints(p.formats, r.max_running_requests, add)
     add("")
     add("concurrency")
     add(
@@ -237,6 +264,101 @@ def _format_workload(p: Plan, add: Callable[[str], None]) -> None:
             )
 
 
+def _format_checkpoints(f: FormatSizing, running: int, add: Callable[[str], None]) -> None:
+    """The checkpoint format's split of the state budget (both counts and the cached prefixes that fit)."""
+    if not f.separate_pool:
+        add(
+            f"  checkpoints in the state pool (model dtype): at {running} running requests "
+            f"{f.cached_prefixes(running)} of the {f.working_slots} slots are left for cached prefixes"
+        )
+        return
+    add("")
+    add(
+        f"checkpoints --checkpoint-format {f.fmt} (equal bytes: the same {gib(f.state_bytes):.2f} GB of state)"
+    )
+    add(
+        f"  working slots       {f.working_slots} x {f.working_slot_bytes:,} B (model dtype, rings included): "
+        f"{gib(f.working_pool_bytes):.2f} GB, max_running_requests {f.max_running_requests} "
+        f"(bound by the {f.binding})"
+    )
+    add(
+        f"  checkpoint slots    {f.checkpoint_slots} x {f.checkpoint_slot_bytes:,} B ({f.fmt}): "
+        f"{gib(f.checkpoint_pool_bytes):.2f} GB; cached prefixes that fit: {f.cached_prefixes(running)}"
+    )
+    if f.sglang is not None:
+        add(
+            f"  sglang view         SGLang keeps every state slot and adds an int8 pool of {f.sglang.slots} slots "
+            f"({gib(f.sglang.total_bytes):.2f} GB, {f.sglang.bytes_per_slot:,} B a slot: int8 SSM, a scale per "
+            "(head, k) in the SSM dtype, conv unquantized) beyond the budget, from --mem-fraction-static headroom"
+        )
+    elif f.fmt == "fp8_e4m3":
+        add("  sglang view         SGLang has no fp8 checkpoint pool (#40706 is open)")
+    add(
+        "  (the concurrency below is the model format's: every state slot a working slot, as SGLang sizes it)"
+    )
+
+
+def format_unified(u: UnifiedPlan | None, inputs_ratio: float) -> str:
+    """The ``--enable-unified-memory`` section: start-up budget, the workload's peak, whether one buffer
+    covers it."""
+    if u is None:
+        return "unified memory: give a workload (--input-len/--output-len or --trace) to see its peak"
+    lines = [
+        "unified memory (one buffer; the ratio only fixes the start-up split)",
+        f"  buffer              {gib(u.buffer_bytes):.2f} GB = sink {u.sink_bytes:,} B + "
+        + (f"checkpoint pool {gib(u.checkpoint_pool_bytes):.2f} GB + " if u.checkpoint_pool_bytes else "")
+        + f"{gib(u.usable_bytes):.2f} GB shared by KV and states",
+        f"  start-up split      --mamba-full-memory-ratio {inputs_ratio:g}: {u.startup_slots} state slots, "
+        f"{u.startup_kv_tokens} KV tokens; max_running_requests {u.max_running_requests} (set at start-up)",
+        f"  peak at {u.concurrency} running  {u.peak_kv_tokens} KV tokens + {u.peak_state_slots} state slots = "
+        f"{gib(u.peak_bytes):.2f} GB; with their {u.peak_checkpoints} checkpoints {gib(u.peak_bytes_with_checkpoints):.2f} GB",
+        f"  one buffer covers it: {'yes' if u.covers else 'no'} (reservations), "
+        f"{'yes' if u.covers_with_checkpoints else 'no'} (keeping checkpoints); the buffer runs {u.max_concurrency} "
+        f"requests ({u.max_concurrency_with_checkpoints} keeping their checkpoints)",
+    ]
+    if u.capped_by_startup:
+        lines.append(
+            f"  the start-up split admits only {u.max_running_requests} running requests: raise "
+            f"--mamba-full-memory-ratio to {u.startup_ratio:.3f} or more (its slots then admit what the KV holds)"
+        )
+    return "\n".join(lines)
+
+
+def format_comparison(c: MemoryComparison, p: Plan) -> str:
+    """The ``--compare-memory-options`` table and recommendation."""
+    r = p.resolution
+    i = r.inputs
+    w = p.workload
+    assert w is not None
+    lines = [
+        f"{i.model.name}: TP {i.parallelism.tp_size}, DCP {i.parallelism.dcp_size}; KV {r.kv.dtype}, SSM "
+        f"{r.state.ssm_dtype}; strategy {i.cache.strategy}; {c.budget_gib:.2f} GB of KV + state per GPU",
+        f"workload {w.source}: peak {c.peak_kv_len:,.0f} KV tokens and {c.kept_per_request:.2f} kept checkpoints "
+        f"per request, {r.slots_per_request} slots reserved per running request",
+        "",
+        f"  {'option':<12}{'checkpoints':<12}{'ratio':>7}{'state':>7}{'ckpt':>8}{'KV tokens':>11}{'running':>9}"
+        f"{'w/ ckpts':>10}",
+    ]
+    for o in c.rows:
+        if o.refused:
+            lines.append(f"  {o.mechanism:<12}{o.fmt:<12}  refused: {o.refused}")
+            continue
+        ckpt = "shared" if o.checkpoint_slots is None else str(o.checkpoint_slots)
+        lines.append(
+            f"  {o.mechanism:<12}{o.fmt:<12}{o.ratio:>7.3f}{o.state_slots:>7}{ckpt:>8}{o.kv_tokens:>11}"
+            f"{o.running:>9}{o.with_checkpoints:>10}"
+        )
+    lines += [
+        "  state / ckpt / KV tokens: pools at start-up (ckpt: a quantized pool; shared: checkpoints in the state "
+        "slots); running: admitted at once; w/ ckpts: running while each keeps its checkpoints; adaptive and "
+        "unified: at the peak",
+        "",
+        f"recommendation: {c.reason}",
+        f"  flags: {c.best.flags}",
+    ]
+    return "\n".join(lines)
+
+
 def _signed(value: float | int | None, fmt: str) -> str:
     return "-" if value is None else format(value, "+" + fmt)
 
@@ -306,11 +428,30 @@ def run_plan(args: argparse.Namespace) -> int:
     """
     inputs = build_inputs(args)
     workload = build_workload(args)
+    compare = bool(getattr(args, "compare_memory_options", False))
+    if compare and workload is None:
+        raise ConfigError(
+            "--compare-memory-options needs a workload: give --input-len/--output-len or --trace"
+        )
     result = plan(inputs, workload, args.concurrency)
+    unified = None
+    if inputs.cache.enable_unified_memory and workload is not None:
+        unified = unified_plan(result.resolution, workload, args.concurrency)
+    comparison = compare_memory_options(inputs, workload) if compare and workload is not None else None
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        out = result.to_dict()
+        if unified is not None:
+            out["unified_memory"] = unified.to_dict()
+        if comparison is not None:
+            out["memory_options"] = comparison.to_dict()
+        print(json.dumps(out, indent=2))
+    elif comparison is not None:
+        print(format_comparison(comparison, result))
     else:
         print(format_plan(result))
+        if inputs.cache.enable_unified_memory:
+            print("")
+            print(format_unified(unified, inputs.mamba_full_memory_ratio))
     return 0
 
 

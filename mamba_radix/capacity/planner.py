@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mamba_radix.capacity.formats import FormatSizing, resolve_checkpoints
 from mamba_radix.capacity.memory import GIB, Parallelism, kv_token_bytes
 from mamba_radix.capacity.official import Comparison, compare
 from mamba_radix.capacity.sizing import PoolResolution, SizingInputs, resolve_pools
@@ -603,6 +604,8 @@ class Plan:
     state_usage_at_max_running: float  # slots in use by decoding requests / pool
     dcp_options: tuple[DcpOption, ...]
     official: Comparison | None = None  # the official calculator and the steps from it to ``balance``
+    # the state budget under the inputs' checkpoint format: working and checkpoint slots at equal bytes
+    formats: FormatSizing | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _plan_dict(self)
@@ -617,8 +620,11 @@ def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: in
     resolution = resolve_pools(inputs)
     cache = inputs.cache
     state_usage = resolution.max_running_requests * decode_slots_in_use(cache) / resolution.num_slots
+    formats = resolve_checkpoints(resolution)
     if workload is None:
-        return Plan(resolution, None, None, None, None, None, None, None, None, None, state_usage, ())
+        return Plan(
+            resolution, None, None, None, None, None, None, None, None, None, state_usage, (), formats=formats
+        )
     counts = expected_workload_checkpoints(cache, workload)
     single = workload.requests[0] if len(workload.requests) == 1 else None
     per_request = expected_checkpoints(cache, single.input_len, single.output_len) if single else None
@@ -645,6 +651,7 @@ def plan(inputs: SizingInputs, workload: Workload | None = None, concurrency: in
         state_usage_at_max_running=state_usage,
         dcp_options=tuple(compare_dcp(resolution, workload, concurrency or 1)),
         official=_official_vs_corrected(resolution, workload, counts, bal),
+        formats=formats,
     )
 
 
@@ -712,6 +719,8 @@ def _plan_dict(p: Plan) -> dict[str, Any]:
         "message": r.message,
         "state_usage_at_max_running": p.state_usage_at_max_running,
     }
+    if p.formats is not None:
+        out["checkpoints"] = p.formats.to_dict()
     if p.workload is not None:
         assert p.checkpoints is not None and p.balance is not None
         b = p.balance

@@ -44,6 +44,7 @@ __all__ = [
     "PoolResolution",
     "SizingInputs",
     "capped_message",
+    "check_checkpoint_format",
     "resolve_pools",
 ]
 
@@ -54,6 +55,19 @@ DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 MAX_BUDGET_GIB = 1 << 20  # 1 PiB of pool memory on one GPU
 MAX_MEMORY_RATIO = 1e6
 MAX_COUNT = 2**62  # slots, tokens, requests, context length
+
+
+def check_checkpoint_format(name: object) -> str:
+    """``name`` if it is a checkpoint format (:data:`mamba_radix.checkpoint_format.CHECKPOINT_FORMATS`, the
+    one rule), else its one-line error as :class:`ConfigError` (the command line prints it, exit 2). Imports
+    torch, through the format module, on the first call."""
+    from mamba_radix.checkpoint_format import check_format
+    from mamba_radix.errors import InvalidArgument
+
+    try:
+        return check_format(name)
+    except InvalidArgument as err:
+        raise ConfigError(str(err)) from None
 
 
 def _real(name: str, value: object, *, low: float, high: float, low_inclusive: bool = False) -> float:
@@ -133,6 +147,12 @@ class SizingInputs:
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
+    # checkpoint storage (mamba_radix.capacity.formats); None: the cache config's field (CacheConfig.
+    # checkpoint_format / checkpoint_slots), "model" / None while CacheConfig has no such field
+    checkpoint_format: str | None = None
+    checkpoint_slots: int | None = None
+    # SGLang's host tier (--enable-hierarchical-cache): not modelled, only checked against what it rules out
+    enable_hierarchical_cache: bool = False
 
     def __post_init__(self) -> None:
         for what, value, kind in (
@@ -180,10 +200,73 @@ class SizingInputs:
             raise ConfigError(
                 f"linear_replayssm_cache_len must be a positive integer, got {self.linear_replayssm_cache_len!r}"
             )
+        slots = self.checkpoint_slots
+        if slots is not None and (
+            isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_COUNT
+        ):
+            raise ConfigError(f"checkpoint_slots must be a positive integer or None, got {slots!r}")
+        self._resolve_checkpoint_fields()
+        if self.checkpoint_slots is not None and self.checkpoint_format == "model":
+            raise ConfigError(
+                "checkpoint_slots sizes a quantized checkpoint pool; give checkpoint_format int8 or fp8_e4m3, "
+                "or drop checkpoint_slots"
+            )
+        self._check_host_tier_and_unified()
         if self.budget is None and self.max_mamba_cache_size is None:
             raise ConfigError(
                 "nothing to size from: give a memory budget (budget, a MemoryBudget of rest_gib, or of "
                 "gpu_memory_gib with weights_gib) or max_mamba_cache_size"
+            )
+
+    def _resolve_checkpoint_fields(self) -> None:
+        """Fill ``checkpoint_format``/``checkpoint_slots`` left None from the cache config, refuse a value that
+        contradicts the config's (one deployment, one format; the config's default ``model`` yields), and,
+        when CacheConfig has the fields, carry them into ``cache`` through its own checks (the formats'
+        names, slots only with a quantized format, no checkpoint pool under unified memory). O(1)."""
+        has_fields = hasattr(self.cache, "checkpoint_format")
+        for name, fallback in (("checkpoint_format", "model"), ("checkpoint_slots", None)):
+            mine, theirs = getattr(self, name), getattr(self.cache, name, None)
+            if mine is None:
+                object.__setattr__(self, name, fallback if theirs is None else theirs)
+            elif (
+                theirs is not None
+                and theirs != mine
+                and not (name == "checkpoint_format" and theirs == "model")
+            ):
+                raise ConfigError(f"{name}={mine!r} but the cache config has {theirs!r}; give one value")
+        if has_fields:
+            cache = self.cache.replace(
+                checkpoint_format=self.checkpoint_format, checkpoint_slots=self.checkpoint_slots
+            )
+            object.__setattr__(self, "cache", cache)
+        elif self.checkpoint_format != "model":  # "model" needs no check (and no torch import)
+            check_checkpoint_format(self.checkpoint_format)
+
+    def _check_host_tier_and_unified(self) -> None:
+        """The deployments SGLang refuses that CacheConfig has no field for (its own checks, speculative
+        decoding and PD disaggregation under unified memory, ran when the config was built): unified memory
+        with the host tier or DCP > 1 (the seeds' list), a quantized checkpoint pool with the host tier
+        (SGLang's ``_handle_int8_mamba_checkpoint``). O(1)."""
+        if not isinstance(self.enable_hierarchical_cache, bool):
+            raise ConfigError(
+                f"enable_hierarchical_cache must be True or False, got {self.enable_hierarchical_cache!r}"
+            )
+        if self.cache.enable_unified_memory:
+            if self.enable_hierarchical_cache:
+                raise ConfigError(
+                    "enable_unified_memory=True does not support the host tier (enable_hierarchical_cache=True); "
+                    "disable one of them"
+                )
+            if self.parallelism.dcp_size > 1:
+                raise ConfigError(
+                    f"enable_unified_memory=True does not support DCP > 1 (dcp_size={self.parallelism.dcp_size}); "
+                    "set dcp_size=1 or disable unified memory"
+                )
+        if self.enable_hierarchical_cache and self.checkpoint_format != "model":
+            raise ConfigError(
+                f"checkpoint_format={self.checkpoint_format!r} does not support the host tier "
+                "(enable_hierarchical_cache=True; SGLang's offload path is not int8-aware); use "
+                "checkpoint_format='model' or disable one of them"
             )
 
     @property

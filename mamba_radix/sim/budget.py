@@ -19,6 +19,13 @@ the CLI) only sees the resulting :class:`PoolSizes`.
 
 Bytes follow the model's deployment defaults (:mod:`mamba_radix.defaults`, shared with ``plan``); Kimi K3 is
 the seeds' one TP8 rank, bf16 MLA KV and bf16 KDA states: 27,648 B per KV token, 29,039,616 B per state slot.
+
+Speculative decoding is a sizing input only (it is not simulated): ``enable_linear_replayssm_spec`` and
+``linear_replayssm_cache_len`` add ReplaySSM's ring buffers to every state slot's bytes, and the config's
+``speculative_num_draft_tokens`` (the verify window) checks the ring length, or, without ReplaySSM, reserves
+the intermediate states SGLang keeps per running request out of the budget, all by the planner's rule
+(:func:`mamba_radix.capacity.resolve_pools`). Seed 001's Kimi K3 settings (fp8 KV, bf16 SSM, rings L=16, 8
+verify tokens, ratio 0.15, 28.76 GiB) buy 81 slots, as ``plan`` prints, not the 138 they buy without rings.
 """
 
 from __future__ import annotations
@@ -93,6 +100,10 @@ class PoolSizes:
     bytes_per_kv_token: int
     bytes_per_state_slot: int
     model: str
+    # a quantized checkpoint format (CacheConfig.checkpoint_format): the checkpoint pool the budget's state
+    # bytes leave beside ``state_slots`` working slots, and one checkpoint's bytes; None for "model"
+    checkpoint_slots: int | None = None
+    bytes_per_checkpoint_slot: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -123,10 +134,16 @@ def sizing_inputs(
     mamba_full_memory_ratio: float,
     max_mamba_cache_size: int | None = None,
     deployment: Deployment | None = None,
+    *,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
 ) -> SizingInputs:
     """The planner's inputs (:class:`mamba_radix.capacity.SizingInputs`) for ``model`` at
     ``deployment`` (default: the model's, :func:`mamba_radix.defaults.deployment_for`): what
-    :func:`pools_for_budget` sizes, for a caller that plans the same deployment. No side effects."""
+    :func:`pools_for_budget` sizes, for a caller that plans the same deployment. The ReplaySSM settings
+    (SGLang's flag names) and ``config.speculative_num_draft_tokens`` go to the planner as they are: sizing
+    only, speculative decoding is not simulated. No side effects; raises :class:`ConfigError` as
+    :class:`~mamba_radix.capacity.SizingInputs` does (a ring length that is not an integer, ...)."""
     from mamba_radix.capacity import MemoryBudget, Parallelism, SizingInputs, load_model
 
     deployment = deployment or deployment_for(model)
@@ -137,18 +154,45 @@ def sizing_inputs(
         kv_cache_dtype=deployment.kv_cache_dtype,
         mamba_ssm_dtype=deployment.mamba_ssm_dtype,
         mamba_conv_dtype=deployment.mamba_conv_dtype,
+        enable_linear_replayssm_spec=enable_linear_replayssm_spec,
+        linear_replayssm_cache_len=linear_replayssm_cache_len,
         budget=None if budget_gib is None else MemoryBudget(budget_gib),
         mamba_full_memory_ratio=mamba_full_memory_ratio,
         max_mamba_cache_size=max_mamba_cache_size,
     )
 
 
-def model_bytes(model: str = "kimi-k3", deployment: Deployment | None = None) -> ModelBytes:
+def model_bytes(
+    model: str = "kimi-k3",
+    deployment: Deployment | None = None,
+    config: CacheConfig | None = None,
+    *,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
+) -> ModelBytes:
     """Per-rank bytes of a model preset (or a model JSON file), at its deployment's TP and dtypes
-    (:func:`mamba_radix.defaults.deployment_for`, the same defaults ``plan`` uses)."""
-    from mamba_radix.capacity import Parallelism, kv_token_bytes, load_model, state_slot_bytes
+    (:func:`mamba_radix.defaults.deployment_for`, the same defaults ``plan`` uses). With
+    ``enable_linear_replayssm_spec`` a slot's bytes are the planner's (state plus ReplaySSM rings, the ring
+    length checked against ``config``'s verify window; ``config`` default: ``CacheConfig()``). No side
+    effects; raises :class:`ConfigError` for a bad model, TP size, dtype or ring length."""
+    from mamba_radix.capacity import Parallelism, kv_token_bytes, load_model, resolve_pools, state_slot_bytes
 
     dep = deployment or deployment_for(model)
+    if enable_linear_replayssm_spec:  # the planner's slot (rings included), sized for one request's slots
+        cfg = config if config is not None else CacheConfig()
+        res = resolve_pools(
+            sizing_inputs(
+                cfg,
+                model,
+                None,
+                0.9,
+                cfg.slots_per_request,
+                dep,
+                enable_linear_replayssm_spec=True,
+                linear_replayssm_cache_len=linear_replayssm_cache_len,
+            )
+        )
+        return ModelBytes(model, int(res.kv.bytes_per_token), int(res.bytes_per_slot))
     spec, par = load_model(model), Parallelism(tp_size=dep.tp_size)
     kv = kv_token_bytes(spec, par, dep.kv_cache_dtype)
     state = state_slot_bytes(spec, par, dep.mamba_ssm_dtype, dep.mamba_conv_dtype)
@@ -175,15 +219,20 @@ def pools_for_budget(
     max_mamba_cache_size: int | None = None,
     model: str = "kimi-k3",
     deployment: Deployment | None = None,
+    *,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
 ) -> PoolSizes:
     """Split ``budget_gib`` between state slots and KV tokens as SGLang does (via
-    :func:`mamba_radix.capacity.resolve_pools`), at ``deployment`` (default: the model's). No side
-    effects.
+    :func:`mamba_radix.capacity.resolve_pools`), at ``deployment`` (default: the model's), with the
+    speculative sizing inputs (module docstring: ReplaySSM rings per slot, or the intermediate states of
+    ``config.speculative_num_draft_tokens``). No side effects.
 
     Raises :class:`ConfigError` when the budget buys no slot for a running request or no KV token, or
     more than the simulator can hold (:data:`MAX_SIM_KV_TOKENS`, :data:`MAX_SIM_STATE_SLOTS`).
     """
     from mamba_radix.capacity import resolve_pools
+    from mamba_radix.capacity.formats import resolve_checkpoints
 
     if not (isinstance(budget_gib, (int, float)) and 0 < budget_gib < math.inf):
         raise ConfigError(f"budget_gib must be a finite number > 0 (GiB), got {budget_gib!r}")
@@ -194,9 +243,22 @@ def pools_for_budget(
     if rough_tokens > 4 * MAX_SIM_KV_TOKENS:
         _check_pool_limits(rough_tokens, 0, f"budget_gib {budget_gib:g}")
     res = resolve_pools(
-        sizing_inputs(config, model, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, dep)
+        sizing_inputs(
+            config,
+            model,
+            budget_gib,
+            mamba_full_memory_ratio,
+            max_mamba_cache_size,
+            dep,
+            enable_linear_replayssm_spec=enable_linear_replayssm_spec,
+            linear_replayssm_cache_len=linear_replayssm_cache_len,
+        )
     )
-    slots, tokens = int(res.num_slots), int(res.num_tokens or 0)
+    # a quantized checkpoint format divides the same state bytes into working slots (model dtype) and
+    # checkpoint slots, by the planner's rule; with checkpoint_slots None the cache's checkpoint pool gets
+    # twice the working slots, which is what this split leaves it (capacity.formats.split_state_bytes)
+    formats = resolve_checkpoints(res)
+    slots, tokens = int(formats.working_slots), int(res.num_tokens or 0)
     running = config.max_running_requests(slots)
     if running < 1:
         raise ConfigError(
@@ -215,6 +277,8 @@ def pools_for_budget(
         bytes_per_kv_token=int(res.kv.bytes_per_token),
         bytes_per_state_slot=int(res.bytes_per_slot),
         model=model,
+        checkpoint_slots=formats.checkpoint_slots,
+        bytes_per_checkpoint_slot=formats.checkpoint_slot_bytes if formats.separate_pool else None,
     )
 
 
@@ -224,6 +288,9 @@ def unified_pools_for_budget(
     mamba_full_memory_ratio: float = 0.9,
     model: str = "kimi-k3",
     deployment: Deployment | None = None,
+    *,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
 ) -> tuple[PoolSizes, int]:
     """Pools for ``enable_unified_memory``: ``(sizes, shared_bytes)``. Both pools are sized physically
     for the whole budget (every byte may become KV tokens or state slots) and draw on ``shared_bytes``
@@ -231,7 +298,16 @@ def unified_pools_for_budget(
     start-up split, hence the running-request bound (:func:`pools_for_budget`'s), as in SGLang. No side
     effects. Raises :class:`ConfigError` as :func:`pools_for_budget` does, and when the budget cannot hold
     the slots one running request reserves next to one KV token."""
-    split = pools_for_budget(config, budget_gib, mamba_full_memory_ratio, None, model, deployment)
+    split = pools_for_budget(
+        config,
+        budget_gib,
+        mamba_full_memory_ratio,
+        None,
+        model,
+        deployment,
+        enable_linear_replayssm_spec=enable_linear_replayssm_spec,
+        linear_replayssm_cache_len=linear_replayssm_cache_len,
+    )
     total = int(budget_gib * GIB)
     need = config.slots_per_request * split.bytes_per_state_slot + split.bytes_per_kv_token
     if total < need:
@@ -273,9 +349,13 @@ def exact_pools(
     state_slots: int,
     model: str = "kimi-k3",
     deployment: Deployment | None = None,
+    *,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
 ) -> PoolSizes:
     """Pools of exactly ``kv_tokens`` KV tokens and ``state_slots`` state slots (no budget split); the
-    budget and ratio recorded are what they take at the model's bytes. No side effects.
+    budget and ratio recorded are what they take at the model's bytes (:func:`model_bytes`, rings
+    included when on). No side effects.
 
     Raises :class:`ConfigError` for sizes below 1, not integers, or beyond the simulator's limits, and
     when the slots admit no running request."""
@@ -289,7 +369,13 @@ def exact_pools(
             f"state_slots {state_slots} admit no running request ({config.slots_per_request} per request "
             f"with strategy {config.strategy}); give at least {config.slots_per_request}"
         )
-    mb = model_bytes(model, deployment)
+    mb = model_bytes(
+        model,
+        deployment,
+        config,
+        enable_linear_replayssm_spec=enable_linear_replayssm_spec,
+        linear_replayssm_cache_len=linear_replayssm_cache_len,
+    )
     kv_bytes, state_bytes = kv_tokens * mb.bytes_per_kv_token, state_slots * mb.bytes_per_state_slot
     return PoolSizes(
         kv_tokens=kv_tokens,
@@ -310,10 +396,19 @@ def infinite_pools(
     num_requests: int,
     model: str,
     deployment: Deployment | None = None,
+    *,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
 ) -> PoolSizes:
-    """Pools no trace of this size can fill: every token and every checkpoint it could ever create.
-    No side effects. O(1)."""
-    mb = model_bytes(model, deployment)
+    """Pools no trace of this size can fill: every token and every checkpoint it could ever create
+    (bytes per slot as :func:`model_bytes`). No side effects. O(1)."""
+    mb = model_bytes(
+        model,
+        deployment,
+        config,
+        enable_linear_replayssm_spec=enable_linear_replayssm_spec,
+        linear_replayssm_cache_len=linear_replayssm_cache_len,
+    )
     interval = max(1, config.mamba_track_interval)
     chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else 1 << 30
     checkpoints = num_requests * 3 + input_tokens // min(chunk, 64) + output_tokens // interval
@@ -345,16 +440,23 @@ def pools_for_run(
     input_tokens: int = 0,
     output_tokens: int = 0,
     num_requests: int = 0,
+    enable_linear_replayssm_spec: bool = False,
+    linear_replayssm_cache_len: int = 16,
 ) -> PoolSizes:
     """The pools of a run: :func:`infinite_pools` (sized to the trace's ``input_tokens``,
     ``output_tokens`` and ``num_requests``), :func:`exact_pools` (``kv_tokens`` and ``state_slots``)
-    or :func:`pools_for_budget`. No side effects; raises :class:`ConfigError` as those do."""
+    or :func:`pools_for_budget`, each with the ReplaySSM sizing inputs (module docstring). No side
+    effects; raises :class:`ConfigError` as those do."""
+    rings = {
+        "enable_linear_replayssm_spec": enable_linear_replayssm_spec,
+        "linear_replayssm_cache_len": linear_replayssm_cache_len,
+    }
     if infinite:
-        return infinite_pools(config, input_tokens, output_tokens, num_requests, model, deployment)
+        return infinite_pools(config, input_tokens, output_tokens, num_requests, model, deployment, **rings)
     if kv_tokens is not None and state_slots is not None:
-        return exact_pools(config, kv_tokens, state_slots, model, deployment)
+        return exact_pools(config, kv_tokens, state_slots, model, deployment, **rings)
     return pools_for_budget(
-        config, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, model, deployment
+        config, budget_gib, mamba_full_memory_ratio, max_mamba_cache_size, model, deployment, **rings
     )
 
 

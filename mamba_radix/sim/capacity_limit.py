@@ -93,16 +93,22 @@ class SharedByteBudget:
             return self.pools[kind].used * self.unit_bytes[kind]
         return sum(p.used * self.unit_bytes[k] for k, p in self.pools.items())
 
-    def free_units(self, kind: str) -> int:
-        """KV tokens (``kind="kv"``) or state slots the unspent bytes buy: less the protected KV for the
-        state side, and never into the other side's floor. O(1) (plus the protection callable)."""
+    def room_bytes(self, kind: str) -> int:
+        """Unspent bytes ``kind``'s side (``"kv"`` or ``"state"``) may take: less the protected KV for the
+        state side, never into the other side's floor; negative when the protection exceeds what is free.
+        O(1) (plus the protection callable)."""
         free = self.total_bytes - self.used_bytes()
         if kind == "state" and self.protected_kv_tokens is not None:
             free -= self.protected_kv_tokens() * self.unit_bytes["kv"]
         other = "state" if kind == "kv" else "kv"
         if self.floor_bytes[other]:
             free = min(free, self.total_bytes - self.floor_bytes[other] - self.used_bytes(kind))
-        return max(free, 0) // self.unit_bytes[kind]
+        return free
+
+    def free_units(self, kind: str) -> int:
+        """KV tokens (``kind="kv"``) or state slots the unspent bytes buy (:meth:`room_bytes`, whole
+        units). O(1) (plus the protection callable)."""
+        return max(self.room_bytes(kind), 0) // self.unit_bytes[kind]
 
 
 class CapacityLimit:

@@ -20,7 +20,11 @@ the core knows nothing of it.
   request's KV reservation and its slots must fit together (the core checks each pool alone, and both
   would count the same free bytes). A KV shortfall that the rule's eviction can cover is evicted at
   admission (the core's own KV check counts only free and evictable KV; a checkpoint's bytes come back
-  only once it is evicted).
+  only once it is evicted). When the rule's KV side has no victim left, admission evicts checkpoints for
+  the KV shortfall (the byte check counted their bytes; SGLang would make the request wait instead).
+- Eviction for a shortfall counts the requesting side's *room* (:meth:`SharedByteBudget.room_bytes`) in
+  whole units, not the bytes freed: a checkpoint leaf's KV freed with it, or KV the running requests are
+  owed, frees bytes the state side cannot take.
 - The state side never takes the bytes of running requests' KV reservations that the tree's evictable
   KV does not cover (``SharedByteBudget.protected_kv_tokens``): an admitted request never runs out of KV,
   as under a static split.
@@ -97,31 +101,39 @@ class UnifiedMemoryCache(MambaRadixCache):
         tokens = states = 0
         for kind, units in ((STATE, num_states), (KV, num_tokens)):
             if units:
-                t, s = self._give_way(kind, units * self.budget.unit_bytes[kind])
+                t, s = self._give_way(kind, units)
                 tokens, states = tokens + t, states + s
         return EvictResult(tokens, states)
 
-    def _give_way(self, kind: str, short_bytes: int) -> tuple[int, int]:
-        """Evict until ``short_bytes`` are freed or no side the rule allows has a victim left. Returns
-        the (KV tokens, checkpoints) freed. ``older_victim`` decides again at every victim (memory
-        follows recency across the two kinds); the other rules evict each side's share at once."""
+    def _give_way(self, kind: str, units: int) -> tuple[int, int]:
+        """Evict until ``kind``'s side has room for ``units`` more of its units than now, or no side the
+        rule allows has a victim that adds room. Returns the (KV tokens, checkpoints) freed.
+
+        Progress is counted in the requesting side's room (:meth:`SharedByteBudget.room_bytes`), not in
+        bytes freed: for the state side, evicting KV the running requests' reservations are owed frees
+        no room (the reservation's protection grows by what it frees), and neither does a checkpoint
+        leaf whose KV goes with it, in part. A side whose eviction adds no room is not asked again, so
+        nothing is evicted for nothing. ``older_victim`` decides again at every victim (memory follows
+        recency across the two kinds); the other rules evict each side's share at once."""
         assert self.budget is not None
         unit = self.budget.unit_bytes
         rule = self.config.unified_memory_give_way
+        # whole units: the room the side's free units plus ``units`` more need (a negative room counts as none)
+        target = (self.budget.free_units(kind) + units) * unit[kind]
         tokens = states = 0
         exhausted: set[str] = set()
-        while short_bytes > 0:
+        while (room := self.budget.room_bytes(kind)) < target:
             order = [s for s in self._order(rule, kind) if s not in exhausted]
             if not order:
                 break
             side = order[0]
-            want = 1 if rule == "older_victim" else -(-short_bytes // unit[side])
+            want = 1 if rule == "older_victim" else -(-(target - room) // unit[side])
             res = super().evict(num_tokens=want) if side == KV else super().evict(num_states=want)
-            freed = res.num_tokens * unit[KV] + res.num_states * unit[STATE]
             tokens, states = tokens + res.num_tokens, states + res.num_states
-            if freed == 0:
+            if res.num_tokens + res.num_states == 0 or (
+                rule != "older_victim" and self.budget.room_bytes(kind) <= room
+            ):
                 exhausted.add(side)
-            short_bytes -= freed
         return tokens, states
 
     def _order(self, rule: str, kind: str) -> tuple[str, ...]:
@@ -165,6 +177,12 @@ class UnifiedMemoryCache(MambaRadixCache):
                 short = core.kv_tokens_needed + self.lifecycle.reserved_kv_tokens
                 short -= self.token_to_kv_pool_allocator.available_size() + self.tree.full_evictable_size
                 freed = self.evict(num_tokens=max(short, 1))
+                if freed.num_tokens == 0 and freed.num_states == 0 and self.budget is not None:
+                    # the rule's KV side has no victim left, but the byte check counted the evictable
+                    # checkpoints' bytes (SGLang would make the request wait): take them rather than refuse
+                    # what the check admitted
+                    unit = self.budget.unit_bytes
+                    freed = super().evict(num_states=max(1, -(-max(short, 1) * unit[KV] // unit[STATE])))
             else:
                 short = core.state_slots_needed - self.mamba_pool.available_size()
                 freed = self.evict(num_states=max(short, 1))
