@@ -12,8 +12,9 @@ deployed one. The rules:
   ``enable_overlap_schedule: true`` means ``--disable-overlap-schedule false`` (SGLang's field is the
   negative one).
 - Any other key SGLang's ``ServerArgs`` has (``host``, ``port``, ``cuda_graph_max_bs_decode``, or a flag
-  another command has: ``speculative_dspark_block_size`` under ``simulate``) does not change what this
-  command models: it is accepted and listed once as ignored. A ``null`` value is ignored too.
+  another command has: ``dcp_size`` under ``simulate``) does not change what this command models: it is
+  accepted and listed once as ignored. A ``null`` value is ignored too. (The speculative settings are
+  ``simulate`` flags: they size its pools, and ``simulate`` says on stderr that they do nothing else.)
 - Any other key is a typo: a one-line error naming it and the closest known key, and nothing runs.
 
 No side effects beyond reading the file; nothing here imports torch or numpy (``--help`` loads it).

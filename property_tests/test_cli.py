@@ -720,7 +720,9 @@ def test_the_seeds_load_test_runs_as_one_command(tmp_path: Path, capsys: pytest.
     argv = ["simulate", *SEED_LOAD, *concurrency, "--config", str(settings), "--quiet", "--out", str(out)]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "ignored (no effect on what simulate models): enable_linear_replayssm_spec" in err
+    # the speculative settings size the pools (sizing only); the CUDA graph one changes nothing modelled
+    assert "ignored (no effect on what simulate models): cuda_graph_max_bs_decode\n" in err
+    assert "sizing only: enable_linear_replayssm_spec=True" in err
     rec = json.loads(out.read_text())
     p = rec["params"]
     assert (

@@ -5,9 +5,12 @@ seeded synthetic workload (``--synthetic``), or SGLang bench_serving's load test
 with its flags, :mod:`mamba_radix.sim.serving`; ``--max-concurrency`` is its client semaphore, an engine
 option). SGLang launch settings come in with ``--config FILE`` (:mod:`mamba_radix.launch_config`), the cost
 model from a preset (``--cost-preset``) or a fit to a server log (``--fit-cost-from``), and ``--log-every``
-prints the scheduler's lines to stderr. It prints a summary table (``--json``: the metrics as JSON),
-optionally writes the JSON-lines record (``--out``) and one CSV row per request (``--per-request``); the
-output files must be new unless ``--force``, and are checked before anything runs.
+prints the scheduler's lines to stderr. Speculative decoding's settings (:data:`SIZING_ONLY`: ReplaySSM's
+rings, the verify window) size the pools as ``plan`` sizes them and do nothing else: speculative decoding
+itself is not simulated, and a note on stderr says so when they are given. It prints a summary table
+(``--json``: the metrics as JSON), optionally writes the JSON-lines record (``--out``) and one CSV row per
+request (``--per-request``); the output files must be new unless ``--force``, and are checked before
+anything runs.
 
 A run's flags live here, and how they become one :class:`~mamba_radix.sim.sweep.RunSpec` (validated, so a
 bad combination is a one-line error before anything runs): ``sweep`` takes the same flags as lists
@@ -19,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mamba_radix.cli._common import (
     LIMIT,
+    PROG,
     CliError,
     add_command,
     log_line,
@@ -34,6 +39,12 @@ from mamba_radix.cli._common import (
 )
 from mamba_radix.flags import int_in
 
+DESCRIPTION = """Replay a trace through the real MambaRadixCache and pools; print the metrics.
+
+Speculative decoding's settings (--enable-linear-replayssm-spec, --linear-replayssm-cache-len,
+--speculative-dspark-block-size, --speculative-num-draft-tokens) size the pools only, as plan sizes them
+(ReplaySSM's rings in every state slot, or plain speculative decoding's intermediate states): speculative
+decoding itself is not simulated."""
 EXAMPLES = """examples:
   mamba-radix simulate --limit 2000                       # bundled Mooncake trace, Kimi K3 rank
   mamba-radix simulate --limit 500 --kv-tokens 400000 --state-slots 64 --per-request hits.csv
@@ -43,8 +54,9 @@ EXAMPLES = """examples:
   mamba-radix simulate --dataset-name random --random-input-len 16384 --random-output-len 3072 \
       --num-prompts 128 --max-concurrency 32 --request-rate 4 --config settings.json --log-every 500"""
 
-# where a table flag's value goes (mamba_radix.flags.Flag.where): RunSpec's parts
-PARAM_GROUPS = ("config", "budget", "options", "cost", "peer", "deployment")
+# where a table flag's value goes (mamba_radix.flags.Flag.where): RunSpec's parts; "sizing" holds the
+# speculative sizing inputs (SIZING_ONLY)
+PARAM_GROUPS = ("config", "budget", "options", "cost", "peer", "deployment", "sizing")
 
 _BUDGET_KEYS = {
     "memory_budget_gb": "budget_gib",
@@ -53,6 +65,15 @@ _BUDGET_KEYS = {
     "kv_tokens": "kv_tokens",
     "state_slots": "state_slots",
 }
+# Speculative decoding's flags (dests) that size the pools and do nothing else here, and where each goes:
+# the ReplaySSM rings are RunSpec's sizing fields, the verify window a CacheConfig field (both read by the
+# planner's sizing, mamba_radix.sim.budget); --speculative-dspark-block-size sets the window
+# (cli._common.resolve_linked_flags) before this module sees the flags.
+SIZING_ONLY = {
+    "enable_linear_replayssm_spec": "sizing",
+    "linear_replayssm_cache_len": "sizing",
+    "speculative_num_draft_tokens": "config",
+}
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -60,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         sub,
         "simulate",
         help="replay one trace under one configuration",
-        description="Replay a trace through the real MambaRadixCache and pools; print the metrics.",
+        description=DESCRIPTION,
         examples=EXAMPLES,
     )
     add_trace_arguments(p)
@@ -145,7 +166,9 @@ def empty_params() -> dict[str, dict[str, Any]]:
 
 
 def params_from_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The given table flags, by where they go (a flag left out is absent: the library default holds)."""
+    """The given table flags, by where they go (a flag left out is absent: the library default holds),
+    and the given :data:`SIZING_ONLY` flags (``sizing``: RunSpec's ReplaySSM fields; the verify window in
+    ``config``). O(flags)."""
     from mamba_radix.flags import FLAGS
 
     out = empty_params()
@@ -154,7 +177,23 @@ def params_from_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             value = getattr(args, f.dest)
             if value is not None:
                 out[f.where][f.dest] = value
+    for dest, where in SIZING_ONLY.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            out[where][dest] = value
     return out
+
+
+def sizing_note(params: dict[str, dict[str, Any]]) -> str | None:
+    """The stderr note for speculative settings that only size the pools (None when none is given):
+    which, and that speculative decoding is not simulated. O(1)."""
+    given = [f"{dest}={params[where][dest]}" for dest, where in SIZING_ONLY.items() if dest in params[where]]
+    if not given:
+        return None
+    return (
+        f"sizing only: {', '.join(given)} size the pools as plan does (ReplaySSM rings in every state slot, "
+        "or plain speculative decoding's intermediate states); speculative decoding itself is not simulated"
+    )
 
 
 # the load test's flags (mamba_radix.flags rows of group "workload" that simulate has)
@@ -275,6 +314,7 @@ def make_spec(
         synthetic=synthetic,
         deployment={k: v for k, v in params["deployment"].items() if k != "model"},  # model= above
         **budget,
+        **params["sizing"],
     )
     spec.validate()
     return spec
@@ -335,14 +375,17 @@ def run(args: argparse.Namespace) -> int:
     if out is not None and per_request is not None and out.resolve() == per_request.resolve():
         raise CliError("--out and --per-request name the same file")
     trace, requests = trace_source(args)
-    spec = make_spec(args, "simulate", params_from_flags(args), trace)
+    params = params_from_flags(args)
+    spec = make_spec(args, "simulate", params, trace)
+    note = sizing_note(params)
+    if note:
+        sys.stderr.write(f"{PROG} simulate: {note}\n")
     total = len(requests) if requests is not None else count_requests(spec)
     # the scheduler's lines (--log-every) are the progress then: a bar would break them up
     quiet = args.quiet or bool(getattr(args, "log_every", 0))
     with progress(total, 1, "simulate", quiet) as bar:
         rec = run_one(spec, progress=lambda n: bar.update("simulate", n), requests=requests)
         bar.run_done("simulate", total)
-    rec["params"].pop("log", None)  # the stderr writer: no parameter of the run, and no JSON
     warn_rejected(rec, "simulate")
     rows = rec.pop("per_request", None) if per_request is not None else None
     if out is not None:
@@ -368,24 +411,15 @@ def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             w.writerow(row)
 
 
-def _serving_lines(metrics: dict[str, Any]) -> list[str]:
-    """bench_serving's figures (throughput, TTFT/TPOT/ITL) from the engine's metrics, where it has them."""
-    try:
-        from mamba_radix.sim.metrics import serving_lines
-    except ImportError:  # an engine without them: the summary as before
-        return []
-    return serving_lines(metrics) if "duration_s" in metrics else []
-
-
 def _format_summary(rec: dict[str, Any]) -> str:
-    """The table ``simulate`` prints for one record."""
+    """The table ``simulate`` prints for one record: the cache's figures, then the time lines
+    (:func:`mamba_radix.sim.metrics.serving_lines`)."""
+    from mamba_radix.sim.metrics import serving_lines
+
     m, pools, stats = rec["metrics"], rec["pools"], rec["cache_stats"]
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.2f}%"
-
-    def sec(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f} s"
 
     p = rec["params"]
     peer = (
@@ -414,14 +448,18 @@ def _format_summary(rec: dict[str, Any]) -> str:
         f"KV-only matched     {m['kv_only_matched_tokens']:,} tokens",
         f"recomputed          {m['recomputed_tokens']:,} tokens (ideal - hit)",
         f"checkpoints         {stats.get('checkpoints_inserted', '-')} inserted, "
-        f"{stats.get('checkpoints_skipped', '-')} skipped, {stats.get('states_evicted', '-')} evicted, "
-        f"{stats.get('checkpoints_capped', '-')} capped",
+        f"{stats.get('checkpoints_skipped', '-')} skipped, {stats.get('states_evicted', '-')} evicted"
+        # the skip-decode-lock risk: a running request's checkpoint evicted under it (0 with the lock)
+        + (
+            f" ({stats['checkpoints_evicted_while_decoding']} while their request decoded)"
+            if stats.get("checkpoints_evicted_while_decoding")
+            else ""
+        )
+        + f", {stats.get('checkpoints_capped', '-')} capped",
         f"state copies        {stats['state_copies']:,} ({stats['state_copy_bytes'] / 2**30:.2f} GiB on the model)",
         f"peak running        {m['peak_running']} (bound by {m['peak_running_bound_by'] or 'arrivals, not a pool'}; "
         f"admission blocked {m['admission_blocked'] or '{}'})",
-        f"TTFT                p50 {sec(m['ttft_p50_s'])}, p90 {sec(m['ttft_p90_s'])}, "
-        f"p99 {sec(m['ttft_p99_s'])}; simulated {m['sim_time_s']:.1f} s",
-        *_serving_lines(m),
+        *serving_lines(m),  # TTFT once, with the load test's throughput and latencies
         f"wall time           {rec['wall_s']:.2f} s",
     ]
     rejected = stats.get("rejected_requests", 0)

@@ -230,22 +230,41 @@ class RunMetrics:
 
 
 def serving_lines(summary: dict[str, Any]) -> list[str]:
-    """The serving metrics of a :meth:`RunMetrics.summary` as bench_serving-like text lines (for the
-    simulate summary); one "n/a" line in sequential mode. O(1)."""
-    if summary.get("duration_s") is None:
-        return ["serving metrics     n/a (sequential mode: no arrivals, not a load test)"]
+    """The time lines of a :meth:`RunMetrics.summary` for the ``simulate`` summary: TTFT once, with the
+    rest of bench_serving's figures around it. Timed mode: the simulated duration, request and token
+    throughput, then TTFT (mean, median, p90, p99), TPOT and end-to-end latency in ms, and ITL. Sequential
+    mode (no arrivals, not a load test): an "n/a" line for the serving figures, then TTFT's percentiles in
+    seconds and the simulated time. A summary without serving figures (a record older than them) gives the
+    TTFT line only. O(1), pure."""
 
     def ms(key: str) -> str:
         value = summary.get(key)
         return "-" if value is None else f"{value:,.1f}"
 
+    def sec(key: str) -> str:
+        value = summary.get(key)
+        return "-" if value is None else f"{value:.3f} s"
+
+    if summary.get("duration_s") is None:
+        ttft = (
+            f"TTFT                p50 {sec('ttft_p50_s')}, p90 {sec('ttft_p90_s')}, p99 {sec('ttft_p99_s')}; "
+            f"simulated {summary.get('sim_time_s', 0.0):.1f} s"
+        )
+        if "duration_s" not in summary:
+            return [ttft]
+        return ["serving metrics     n/a (sequential mode: no arrivals, not a load test)", ttft]
+    p90 = summary.get("ttft_p90_s")
+    p90_ms = "-" if p90 is None else f"{1000.0 * p90:,.1f}"
     return [
-        f"duration            {summary['duration_s']:,.1f} s, {summary['completed_requests']:,} requests completed",
+        f"duration            {summary['duration_s']:,.1f} s simulated, {summary['completed_requests']:,} "
+        "requests completed",
         f"throughput          {summary['request_throughput_rps']:,.2f} req/s, input "
         f"{summary['input_throughput_tok_s']:,.0f} tok/s, output {summary['output_throughput_tok_s']:,.0f} tok/s",
+        f"TTFT                mean {ms('ttft_mean_ms')}, median {ms('ttft_median_ms')}, p90 {p90_ms}, "
+        f"p99 {ms('ttft_p99_ms')} ms",
         *(
             f"{label:<20}mean {ms(key + '_mean_ms')}, median {ms(key + '_median_ms')}, p99 {ms(key + '_p99_ms')} ms"
-            for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E latency", "e2e"))
+            for label, key in (("TPOT", "tpot"), ("E2E latency", "e2e"))
         ),
         f"ITL                 mean {ms('itl_mean_ms')} ms",
     ]

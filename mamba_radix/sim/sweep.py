@@ -61,7 +61,18 @@ __all__ = [
 
 CONFIG_FIELDS = {f.name for f in fields(CacheConfig)}
 COST_FIELDS = {f.name for f in fields(CostModel)}
-OPTION_FIELDS = {f.name for f in fields(EngineOptions)} - {"cost"}
+# EngineOptions fields that are no parameter of a run a definition or sweep may set, and why (the one rule:
+# OPTION_FIELDS leaves them out and a definition naming one is refused with this reason). ``cost`` comes as
+# its own fields (COST_FIELDS); ``log`` is a writer, a callable and no data; ``log_every`` writes the
+# scheduler's lines, which only ``simulate --log-every`` shows (a sweep's workers would interleave them).
+NOT_SWEEPABLE = {
+    "cost": "give the cost model's fields (prefill_tokens_per_s, decode_step_s, ...) instead",
+    "log": "the scheduler lines' writer is no parameter (a callable); simulate --log-every sets it",
+    "log_every": "the scheduler's lines are simulate's (--log-every), one run at a time",
+}
+OPTION_FIELDS = {f.name for f in fields(EngineOptions)} - set(NOT_SWEEPABLE)
+# speculative decoding's sizing inputs (not simulated): ReplaySSM's rings add to every state slot's bytes
+SIZING_FIELDS = {"enable_linear_replayssm_spec", "linear_replayssm_cache_len"}
 BUDGET_FIELDS = {
     "budget_gib",
     "mamba_full_memory_ratio",
@@ -69,7 +80,7 @@ BUDGET_FIELDS = {
     "infinite",
     "kv_tokens",
     "state_slots",
-}
+} | SIZING_FIELDS
 DEPLOYMENT_FIELDS = {"tp_size", "kv_cache_dtype", "mamba_ssm_dtype", "mamba_conv_dtype"}
 BACKENDS = ("local", "ray")
 
@@ -132,6 +143,10 @@ class RunSpec:
     # the model's deployment overrides (tp_size, kv_cache_dtype, mamba_ssm_dtype, mamba_conv_dtype):
     # the rest comes from mamba_radix.defaults.deployment_for(model), as in `plan`
     deployment: dict[str, Any] = field(default_factory=dict)
+    # ReplaySSM's ring buffers (SGLang's --enable-linear-replayssm-spec, --linear-replayssm-cache-len):
+    # sizing inputs only, part of every state slot's bytes (speculative decoding is not simulated)
+    enable_linear_replayssm_spec: bool = False
+    linear_replayssm_cache_len: int = 16
     options: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
     group: str = ""
@@ -162,9 +177,15 @@ class RunSpec:
             raise ConfigError(
                 f"unknown deployment field(s) {sorted(unknown)}; known: {sorted(DEPLOYMENT_FIELDS)}"
             )
-        model_bytes(self.model, self.deployment_defaults())  # a bad model, TP size or dtype fails here
+        # a bad model, TP size, dtype or ring length fails here
+        model_bytes(self.model, self.deployment_defaults(), self.cache_config(), **self.sizing())
         if not self.infinite:  # a budget that buys no running request fails here, not mid-sweep
             spec_pools(self, self.cache_config(), 0, 0, 0)
+
+    def sizing(self) -> dict[str, Any]:
+        """The speculative sizing inputs (:data:`SIZING_FIELDS`) as keywords of
+        :func:`mamba_radix.sim.budget.pools_for_run`. O(1)."""
+        return {name: getattr(self, name) for name in sorted(SIZING_FIELDS)}
 
     def deployment_defaults(self) -> Deployment:
         """The model's deployment (:func:`mamba_radix.defaults.deployment_for`) with this run's overrides."""
@@ -187,10 +208,13 @@ class RunSpec:
             infinite=self.infinite,
             kv_tokens=self.kv_tokens,
             state_slots=self.state_slots,
+            **self.sizing(),
         )
         dep = self.deployment_defaults()
         out.update({k: getattr(dep, k) for k in sorted(DEPLOYMENT_FIELDS)})
-        out.update(asdict(EngineOptions(**self.options)) | {"cost": asdict(CostModel(**self.cost))})
+        options = asdict(EngineOptions(**self.options))
+        options.pop("log")  # a writer (simulate's stderr), no parameter and no JSON
+        out.update(options | {"cost": asdict(CostModel(**self.cost))})
         return out
 
 
@@ -334,6 +358,7 @@ def spec_pools(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         num_requests=num_requests,
+        **spec.sizing(),
     )
 
 
@@ -517,6 +542,8 @@ def _split_params(params: dict[str, Any], where: str, problems: list[str]) -> di
                 problems.append(f"{where}: peer must be one of {', '.join(PEERS)} or null, got {value!r}")
                 continue
             out["peer"]["peer"] = value
+        elif key in NOT_SWEEPABLE:
+            problems.append(f"{where}: {key!r} cannot be set in a definition or swept: {NOT_SWEEPABLE[key]}")
         elif key in CONFIG_FIELDS:
             out["config"][key] = value
         elif key in OPTION_FIELDS:
@@ -571,9 +598,11 @@ def expand_definition(
     seeded workload instead of the trace, and ``limit`` applies to it only if the group gives its own
     ``limit``). Parameters are CacheConfig fields, EngineOptions fields, CostModel fields, or budget
     fields (``budget_gib``, ``mamba_full_memory_ratio``, ``max_mamba_cache_size``, ``infinite``,
-    ``kv_tokens`` and ``state_slots``), or ``peer`` (a name of :data:`mamba_radix.peers.PEERS`, or null:
+    ``kv_tokens`` and ``state_slots``, and the sizing inputs ``enable_linear_replayssm_spec`` and
+    ``linear_replayssm_cache_len``), or ``peer`` (a name of :data:`mamba_radix.peers.PEERS`, or null:
     applied after the other parameters; a parameter the peer would set to another value is refused, as on
-    the command line). Runs with identical parameters in several groups are kept once (the first group
+    the command line). The options of :data:`NOT_SWEEPABLE` (``log``, ``log_every``, ``cost``) are
+    refused with the reason. Runs with identical parameters in several groups are kept once (the first group
     names them). Also ``plots`` (checked: each needs ``file``) and ``reference`` (a results file, for the
     report's comparison). ``check_traces``: also report a trace file that does not exist or is not a
     file (the command line always checks). O(runs), plus one stat per trace.
