@@ -162,6 +162,9 @@ _SERVER_ARG_NAMES = """
 SGLANG_SERVER_ARGS = frozenset(_SERVER_ARG_NAMES.split())
 # keys the seeds' settings files use that are no ServerArgs field, and what each means
 _NEGATED = {"enable_overlap_schedule": "--disable-overlap-schedule"}
+# SGLang's int8 checkpoint pool (#28185) under its own names: the switch picks our format, the size our slots
+_INT8_SWITCH = "enable_int8_mamba_checkpoint"
+_RENAMED = {"int8_mamba_ckpt_size": "--checkpoint-slots"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -259,6 +262,13 @@ def settings_to_argv(
             else:
                 argv += ["--model", preset]
             continue
+        if key == _INT8_SWITCH and "--checkpoint-format" in own:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: {raw_key} must be true or false, got {value!r}")
+            if value:
+                argv += ["--checkpoint-format", "int8"]
+            continue
+        flag = _RENAMED.get(key, flag)
         if key not in SGLANG_SERVER_ARGS and key not in every and key not in _NEGATED:
             known = sorted(SGLANG_SERVER_ARGS | every | set(_NEGATED))
             close = difflib.get_close_matches(key, known, n=1)

@@ -21,6 +21,7 @@ from mamba_radix.capacity import (
     resolve_pools,
     state_slot_bytes,
 )
+from mamba_radix.capacity.memory import check_ring_len
 from mamba_radix.capacity.models import expand_layer_pattern
 from mamba_radix.capacity.planner import Workload, expected_checkpoints
 from mamba_radix.config import CacheConfig
@@ -77,6 +78,14 @@ def test_ring_len_not_power_of_two(cache_len: int, fix: str) -> None:
         ConfigError, match=rf"linear_replayssm_cache_len={cache_len} is not a power of two; {fix}"
     ):
         replay_ring_bytes(KIMI, Parallelism(8), cache_len=cache_len)
+
+
+def test_ring_len_hint_names_only_lengths_the_verify_window_allows() -> None:
+    # 8 verify tokens need L >= 16: the hint for 12 must not offer 8, which the next check refuses
+    with pytest.raises(ConfigError, match=r"linear_replayssm_cache_len=12 is not a power of two; use 16$"):
+        check_ring_len(12, 8)
+    with pytest.raises(ConfigError, match=r"is not a power of two; use 16 or 32$"):
+        check_ring_len(24, 8)
 
 
 def test_ring_len_below_twice_the_verify_tokens() -> None:

@@ -98,6 +98,18 @@ def test_model_path_maps_to_a_preset_by_its_last_part() -> None:
     assert argv == [] and ignored[0].startswith("model_path (no model preset is named 'llama-3'")
 
 
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_sglangs_int8_checkpoint_settings_map_to_our_format(command: str) -> None:
+    argv, ignored = settings_to_argv(
+        {"enable_int8_mamba_checkpoint": True, "int8_mamba_ckpt_size": 300}, command
+    )
+    assert argv == ["--checkpoint-format", "int8", "--checkpoint-slots", "300"] and ignored == []
+    argv, _ = settings_to_argv({"enable_int8_mamba_checkpoint": False}, command)
+    assert argv == []
+    with pytest.raises(ConfigError, match="enable_int8_mamba_checkpoint must be true or false"):
+        settings_to_argv({"enable_int8_mamba_checkpoint": "yes"}, command)
+
+
 @pytest.mark.parametrize(
     ("settings", "words"),
     [

@@ -329,13 +329,16 @@ def check_ring_len(cache_len: int, verify_tokens: int | None) -> None:
     (seed 001: DSpark gamma 7 -> 1 anchor + 7 drafts = 8 verify tokens -> L >= 16)."""
     if not isinstance(cache_len, int) or isinstance(cache_len, bool) or cache_len < 1:
         raise ConfigError(f"linear_replayssm_cache_len must be a positive integer, got {cache_len!r}")
+    # the smallest length the verify window allows (a power of two >= 2 x the window), so a hint never
+    # names a length the next check refuses
+    need = 1 if verify_tokens is None else 1 << max(0, (2 * verify_tokens - 1).bit_length())
     if cache_len & (cache_len - 1):
         lower = 1 << (cache_len.bit_length() - 1)
+        options = [n for n in (lower, lower * 2) if n >= need] or [need]
         raise ConfigError(
-            f"linear_replayssm_cache_len={cache_len} is not a power of two; use {lower} or {lower * 2}"
+            f"linear_replayssm_cache_len={cache_len} is not a power of two; use {' or '.join(map(str, options))}"
         )
     if verify_tokens is not None and cache_len < 2 * verify_tokens:
-        need = 1 << max(0, (2 * verify_tokens - 1).bit_length())
         raise ConfigError(
             f"linear_replayssm_cache_len={cache_len} must be >= 2 x the {verify_tokens} verify tokens "
             f"(speculative_num_draft_tokens={verify_tokens}); use {need}"
