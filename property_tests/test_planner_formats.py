@@ -344,3 +344,17 @@ def test_unified_admission_takes_what_its_byte_check_counted(
             "--mamba-radix-cache-strategy", "extra_buffer"]  # fmt: skip
     assert cli_main(argv) == 0, capsys.readouterr().err
     assert "120 requests completed" in capsys.readouterr().out
+
+
+def test_simulate_prints_the_checkpoint_pool_of_a_quantized_format(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from mamba_radix.cli import main as cli_main
+
+    argv = ["simulate", "--synthetic", "chat", "--memory-budget-gb", "2", "--checkpoint-format", "int8",
+            "--no-verify-states", "--quiet"]  # fmt: skip
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "checkpoint pool     34 quantized checkpoint slots (int8, 14,944,572 B each" in out
+    assert cli_main([*argv[:5], "--quiet"]) == 0
+    assert "checkpoint pool" not in capsys.readouterr().out  # "model": checkpoints are state slots

@@ -437,6 +437,15 @@ def _format_summary(rec: dict[str, Any]) -> str:
         f"max running {pools['max_running_requests_effective']}",
         *(
             [
+                f"checkpoint pool     {pools['checkpoint_slots']:,} quantized checkpoint slots "
+                f"({p.get('checkpoint_format')}, {pools['bytes_per_checkpoint_slot']:,} B each; the state slots "
+                "above hold running requests only)"
+            ]
+            if pools.get("checkpoint_slots") and pools.get("bytes_per_checkpoint_slot")
+            else []
+        ),
+        *(
+            [
                 f"adaptive split      ended at {pools['split_end']['kv_tokens']:,} KV tokens, "
                 f"{pools['split_end']['state_slots']:,} state slots (same bytes)"
             ]
