@@ -555,3 +555,23 @@ def test_the_scheduler_writes_its_fields_in_sglangs_form() -> None:
     cache.dec_lock_ref(req.last_node, DecLockRefParams())
     assert req.pop_overallocated_kv_cache() == (len(tokens), len(tokens))
     assert len(cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).device_indices) == len(tokens)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_a_quantized_checkpoint_format_is_refused_with_nothing_changed(fmt: str) -> None:
+    """SGLang's call forms read a checkpoint as a state slot; under a quantized format it is a slot of
+    another pool, so the compat cache refuses the format at construction, before binding any pool."""
+    pool = HybridReqToTokenPool(size=2, mamba_size=4, max_context_len=32, enable_mamba_extra_buffer=True)
+    allocator = PagedTokenToKVPoolAllocator(size=32, page_size=4)
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=4,
+        enable_mamba_extra_buffer=True,
+    )
+    before = (pool.config, allocator.page_size, allocator.available_size(), pool.mamba_pool.core.used)
+    with pytest.raises(InvalidArgument, match=f"checkpoint_format='{fmt}' keeps them in a quantized pool"):
+        MambaRadixCache(params, config=CacheConfig(checkpoint_format=fmt))  # type: ignore[arg-type]
+    assert (pool.config, allocator.page_size, allocator.available_size(), pool.mamba_pool.core.used) == before
+    assert MambaRadixCache(params, config=CacheConfig()).core.checkpoint_pool is None  # "model" is served

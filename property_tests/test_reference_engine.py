@@ -483,3 +483,24 @@ def test_edge_requests(strategy):
     assert eos_engine.generate(prompt, 10) == list(want[: first_stop + 1])
     engine.cache.check_invariants([])
     eos_engine.cache.check_invariants([])
+
+
+# ------------------------------------------------------------------------------- quantized checkpoints
+# Logit bounds of a restore from a quantized checkpoint: the worst audit difference docs/checkpoint-formats.md
+# measured on these models (fp8 e4m3 at restore: 9.5e-3 with feedback, 8.0e-3 without) times a margin.
+QUANTIZED_AUDIT_BOUND = 5e-2
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_the_audit_probes_quantized_checkpoints_where_a_hit_restores_them(fmt):
+    """Under a quantized format the tree's slots are checkpoint-pool slots: the audit dequantizes them
+    (read as state-pool slots they would be other requests' states or stale ones). The probe's error is
+    the format's: above the exact path's tolerance, within the measured bound."""
+    engine, _ = serve("qwen3_next", "extra_buffer", "branching", checkpoint_format=fmt)
+    pool = engine.cache.checkpoint_pool
+    assert pool is not None and pool.used > 0 and pool.loads > 0
+    audits = audit_checkpoints(engine)
+    assert len(audits) == pool.used  # every checkpoint, each a checkpoint-pool slot
+    assert {a.slot for a in audits} == set(pool.allocated_slots().tolist())
+    worst = max(a.max_abs_diff for a in audits)
+    assert LOGIT_ATOL < worst < QUANTIZED_AUDIT_BOUND, worst

@@ -384,3 +384,42 @@ def test_verification_off_skips_the_stamps_and_changes_no_result() -> None:
         outs.append((metrics.summary(), metrics.per_request, engine.cache_stats(), stamped))
     assert outs[0][:3] == outs[1][:3]
     assert outs[0][3] and not outs[1][3]  # the verified run stamped its slots, the other wrote nothing
+
+
+# ------------------------------------------------------------------------------- quantized checkpoints
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_quantized_checkpoints_hit_as_model_ones_and_count_no_tree_slot(fmt: str, strategy: str) -> None:
+    """Under int8 / fp8 e4m3 the hits equal the model format's, every restored live state passes the
+    round-trip check, and the pool view counts state slots without subtracting checkpoints (which live
+    in the checkpoint pool): 0 in use once every request finished, while the tree holds checkpoints."""
+    trace = [req(0, P + X, [1, 2]), req(1, P + X, [3, 4]), req(2, P + Y, [5])]
+    cfg = {"mamba_radix_cache_strategy": strategy, "chunked_prefill_size": 8}  # no_buffer: chunk-end copies
+    want = hits(trace, **cfg)
+    engine, metrics = run(trace, **cfg, checkpoint_format=fmt)
+    assert [r["hit"] for r in metrics.per_request] == want and any(want)
+    ckpt_pool = engine.cache.checkpoint_pool
+    assert ckpt_pool is not None and ckpt_pool.used > 0 and ckpt_pool.loads > 0
+    assert engine.mamba_pool.used == 0 and engine._pool_view().mamba_slots == 0
+    assert metrics.samples[-1].slots_tree == 0 and metrics.samples[-1].slots_used == 0
+
+
+def test_a_quantized_restore_of_the_wrong_state_is_caught() -> None:
+    """The round-trip check is real: a restore that leaves the live slot as admission found it fails."""
+    engine = Engine(
+        CacheConfig(**SMALL, checkpoint_format="int8"), pools(), 40, EngineOptions(mode="sequential")
+    )
+    assert engine.cache.checkpoint_pool is not None
+    engine.cache.checkpoint_pool.load_into = lambda *a, **k: None  # type: ignore[method-assign]
+    with pytest.raises(StateMismatchError, match="should hold 8 tokens"):
+        engine.run([req(0, PROMPT, [1, 2]), req(1, PROMPT, [3, 4])])
+
+
+def test_the_budgets_checkpoint_slots_size_the_checkpoint_pool() -> None:
+    sized = PoolSizes(10_000, 200, 0, 1.0, 0.5, 27_648, 29_039_616, "test", checkpoint_slots=7)
+    engine = Engine(CacheConfig(**SMALL, checkpoint_format="fp8_e4m3"), sized, 40, EngineOptions())
+    assert engine.cache.checkpoint_pool is not None and engine.cache.checkpoint_pool.size == 7
+    own = Engine(
+        CacheConfig(**SMALL, checkpoint_format="fp8_e4m3", checkpoint_slots=3), sized, 40, EngineOptions()
+    )
+    assert own.cache.checkpoint_pool is not None and own.cache.checkpoint_pool.size == 3  # the config's wins

@@ -56,11 +56,27 @@ MACHINES = {
     for strategy, page in CONFIGURATIONS
 }
 
+# Quantized checkpoints (issue 26): int8 / fp8 e4m3 drawn per example, with the checkpoint pool's size, and
+# value stamps (mamba_radix/testing/value_stamps.py). One machine per strategy, each strategy at another page
+# size, so that each strategy's and each page size's hand-over quantizes and its hits dequantize.
+QUANTIZED: tuple[tuple[str, int], ...] = (("no_buffer", 1), ("extra_buffer", 4), ("extra_buffer_lazy", 16))
+QUANTIZED_MACHINES = {
+    (strategy, page): make_machine(
+        MambaRadixAdapter,
+        lifecycle_params(strategies=(strategy,), page_sizes=(page,), checkpoint_formats=("int8", "fp8_e4m3")),
+        f"Lifecycle_{strategy}_page{page}_quantized",
+        base=LifecycleMachine,
+    )
+    for strategy, page in QUANTIZED
+}
+
 # A sixth of the profile's examples per machine, seven machines: about one test of test_stateful_radix.py
 # (ci: 16 examples of up to 50 steps each, ~4 s per machine on one core).
 _PROFILE = settings.default  # the profile conftest.py loaded
 EXAMPLES = max(3, _PROFILE.max_examples // 6)
 BUDGET = settings(_PROFILE, max_examples=EXAMPLES)
+# half that for the quantized machines (a hand-over quantizes, a check dequantizes every checkpoint)
+QUANTIZED_BUDGET = settings(_PROFILE, max_examples=max(2, EXAMPLES // 2))
 REACH_FROM = 16  # the reach is asserted from the ci budget up (dev's few examples reach less)
 
 _REACHED: dict[tuple[str, int], Counter[str]] = {}
@@ -76,6 +92,12 @@ def run_machine(strategy: str, page: int) -> Counter[str]:
         run_state_machine_as_test(machine, settings=BUDGET)
         _REACHED[key] = Counter(machine.coverage)
     return _REACHED[key]
+
+
+@pytest.mark.parametrize(("strategy", "page"), QUANTIZED, ids=[f"{s}-page{p}" for s, p in QUANTIZED])
+def test_paged_lifecycle_machine_with_quantized_checkpoints(strategy: str, page: int) -> None:
+    """The same contract and checks with the tree's checkpoints quantized in their own pool."""
+    run_state_machine_as_test(QUANTIZED_MACHINES[(strategy, page)], settings=QUANTIZED_BUDGET)
 
 
 def unreached(reached: dict[tuple[str, int], Counter[str]]) -> list[str]:

@@ -24,7 +24,8 @@ Deliberate differences from SGLang (docs/compat-sglang.md): ``free(req)`` is ref
 holds slots; an ``mamba_last_track_seqlen`` off the page grid is refused; paged child keys are bytes (a
 node's ``children`` keys); slot ids on nodes are ints (``node.mamba_slot``); the host tier (HiCache) and
 the speculative conv-window buffers are not mapped (the retraction copies, ``get_cpu_copy`` /
-``load_cpu_copy``, are: the pools forward them). KV cache
+``load_cpu_copy``, are: the pools forward them); quantized checkpoints are refused (a ``config`` with
+``checkpoint_format`` int8 / fp8_e4m3: SGLang's forms read a checkpoint as a state slot). KV cache
 events (``enable_kv_cache_events``, :meth:`MambaRadixCache.take_events`) are the core's
 (:mod:`mamba_radix.events`): SGLang's ``BlockStored`` / ``BlockRemoved`` field names, this project's own
 block hashes, and, if asked for, the checkpoint events SGLang does not have. Refused calls
@@ -167,6 +168,15 @@ class MambaRadixCache:
         if params.chunked_prefill_size is not None:
             changes["chunked_prefill_size"] = params.chunked_prefill_size
         resolved = base.replace(**changes)
+        if resolved.checkpoint_format != "model":
+            # SGLang's forms read a checkpoint as a state slot (node.mamba_slot, MatchResult's
+            # mamba_branching / cow source, a donated mamba_value); a quantized format keeps it in
+            # another pool, in a layout SGLang's int8 pool does not share (docs/checkpoint-formats.md)
+            raise InvalidArgument(
+                f"the compat cache maps SGLang's call forms onto state-pool checkpoints, and "
+                f"checkpoint_format={resolved.checkpoint_format!r} keeps them in a quantized pool those "
+                "forms would read as state slots; use checkpoint_format='model'"
+            )
         allocator = params.token_to_kv_pool_allocator
         # both checks before either rebuild: a refused construction changes neither pool
         if isinstance(pool, HybridReqToTokenPool):

@@ -300,7 +300,9 @@ def greedy_reference(model: HybridModel, prompt: Sequence[int], max_new_tokens: 
 class CheckpointAudit:
     """One checkpoint in the tree, probed: the node's depth, its slot, and the max |logit difference|
     between the probe token run from that checkpoint (its state and the tree's KV of the path) and a
-    from-scratch transformers forward of the path followed by the probe token."""
+    from-scratch transformers forward of the path followed by the probe token. Under a quantized
+    ``checkpoint_format`` the slot is a checkpoint-pool slot and the state probed is the one a hit
+    restores (dequantized), so the difference includes the format's error."""
 
     depth: int
     slot: int
@@ -313,8 +315,11 @@ def audit_checkpoints(engine: ReferenceEngine, probe_token: int = 3) -> list[Che
 
     For each node holding a slot, the slot's state is copied (``state_ops`` gather/scatter) into a
     private one-slot pool and the probe token is run at position ``depth`` over the tree's KV of the path
-    (its own KV goes to the KV storage's padding row 0, which nothing reads). Read-only for the cache: no
-    match, lock, clock tick or recency change. O(checkpoints * depth) model work.
+    (its own KV goes to the KV storage's padding row 0, which nothing reads). Under a quantized
+    ``checkpoint_format`` the node's slot is in ``cache.checkpoint_pool`` and is dequantized into that
+    pool instead (:meth:`~mamba_radix.pools.checkpoint_pool.CheckpointPool.read`: what a hit restores).
+    Read-only for the cache: no match, lock, clock tick or recency change. O(checkpoints * depth) model
+    work.
     """
     cache, model = engine.cache, engine.model
     scratch = model.new_mamba_pool(1)
@@ -327,7 +332,12 @@ def audit_checkpoints(engine: ReferenceEngine, probe_token: int = 3) -> list[Che
         path = list(cache.tree.path_to_root(node))
         tokens = [t for n in reversed(path) for t in n.key]
         kv = cache.tree.path_values(node).to(torch.int64)
-        SlotState.gather(model, cache.mamba_pool, node.mamba_slot).scatter(scratch, scratch_slot)
+        if cache.checkpoint_pool is None:
+            SlotState.gather(model, cache.mamba_pool, node.mamba_slot).scatter(scratch, scratch_slot)
+        else:  # the state a hit on this checkpoint restores, in the model's dtype
+            restored = cache.checkpoint_pool.read(node.mamba_slot, cache.mamba_pool.tensors)
+            for t, r in zip(scratch.tensors, restored, strict=True):
+                t[:, scratch_slot] = r
         got = model.forward_span(
             view, [probe_token], node.depth, kv, torch.zeros(1, dtype=torch.int64), scratch_slot, scratch_slot
         )

@@ -27,6 +27,17 @@ that copied the wrong slot or a donation that lost a state is caught at once. Wi
 no fingerprint is computed and no stamp written (nothing would read them), which saves the simulator
 its largest cost per token.
 
+**Quantized checkpoints** (``checkpoint_format`` int8 / fp8_e4m3): the tree's checkpoints live in the
+cache's checkpoint pool (sized by the budget's ``PoolSizes.checkpoint_slots`` when the config leaves it
+None), the state pool holds running requests' slots only, and the pool metrics say so (state slots in
+use = ``mamba_pool.used``; no tree slot among them). A hit restores ``dequantize(quantize(state))``, so
+right after one the live slot holds the format's round trip of the prefix's stamp bytes, not the bytes:
+:meth:`Engine._verify_live` then compares it with that round trip of the expected stamp, computed through
+the format's reference arithmetic (:mod:`mamba_radix_kernels.quant_naive`), bit for bit. That check names
+the prefix by its fingerprint words as the format keeps them (7 bits of int8 or 3 mantissa bits of e4m3
+per element, and a stamp word whose bits read as a NaN or infinity poisons its row): weaker than the raw
+stamp's identity, but a restore of another prefix's checkpoint still differs in almost every case.
+
 **Decode jumps.** Decode is not simulated token by token. Every decoding request advances one token per
 global decode step, but the engine only touches a request at its own events (the next track boundary or
 its last token): the KV of all the steps since its previous event is allocated in one segment, and the
@@ -191,6 +202,15 @@ class EngineOptions:
             )
 
 
+@dataclass
+class _ScratchStates:
+    """A one-slot stand-in for a state pool (its ``conv`` and ``temporal`` tensors) that
+    :func:`~mamba_radix.state_stamp.write_stamp` writes into (:meth:`Engine._holds_restored`)."""
+
+    conv: list[Any]
+    temporal: Any
+
+
 @dataclass(eq=False)
 class _SimReq:
     """A request inside the engine: the cache's :class:`Req` plus the simulator's bookkeeping."""
@@ -241,6 +261,11 @@ class Engine:
     ) -> None:
         from mamba_radix.cache import MambaRadixCache  # the cache lands later than the pools
 
+        pool_checkpoints = getattr(pools, "checkpoint_slots", None)
+        if config.checkpoint_format != "model" and config.checkpoint_slots is None and pool_checkpoints:
+            # the budget divided the state bytes into working and checkpoint slots: the cache's pool gets
+            # the checkpoint part (None: the cache's default, twice the state slots)
+            config = config.replace(checkpoint_slots=pool_checkpoints)
         self.config = config
         self.pools = pools
         self.options = options or EngineOptions()
@@ -324,6 +349,8 @@ class Engine:
         self.req_pool = self.cache.req_to_token_pool
         self.kv_pool: KVAllocator = self.cache.token_to_kv_pool_allocator
         self.stamps = StampIO(self.mamba_pool)
+        # quantized formats: checkpoints are not state slots (metrics, and the restored-state check)
+        self.checkpoint_pool = self.cache.checkpoint_pool
         # state slots a fresh request takes at admission: its live slot plus its track buffer
         self.max_context_len = max_context_len
         self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
@@ -612,11 +639,43 @@ class Engine:
         assert sim.prefix_fp is not None  # computed whenever verify_states is on
         want = (sim.prefix_fp.at(kv_len), kv_len)
         if not self.stamps.holds(slot, *want):  # type: ignore[arg-type]
+            if self.checkpoint_pool is not None and self._holds_restored(slot, *want):  # type: ignore[arg-type]
+                return  # restored from a quantized checkpoint of exactly this prefix
             got = read_stamp(self.mamba_pool, slot)  # the slow reader, for the message
             raise StateMismatchError(
                 f"request {sim.trace.index}: live slot {sim.req.mamba_pool_idx} holds the state of "
                 f"{got[1]} tokens (fingerprint {got[0]:#x}) but should hold {want[1]} tokens ({want[0]:#x})"
             )
+
+    def _holds_restored(self, slot: int, fp: int, num_tokens: int) -> bool:
+        """Quantized formats: whether state slot ``slot`` holds, bit for bit, what a checkpoint of the
+        stamp ``(fp, num_tokens)`` restores to: the stamp written into a one-slot scratch of the pool's
+        layout, quantized and dequantized by the format's reference arithmetic (which the Triton kernels
+        match bit for bit) with the checkpoint store's rows. Only when the raw stamp check failed (right
+        after a hit). O(slot elements)."""
+        import torch
+        from mamba_radix_kernels import quant_naive
+
+        from mamba_radix.checkpoint_format import new_checkpoint_store
+        from mamba_radix.state_stamp import write_stamp
+
+        pool, store = self.mamba_pool, self.checkpoint_pool
+        assert store is not None
+        scratch = _ScratchStates(
+            [torch.zeros_like(t[:, :1]) for t in pool.conv], torch.zeros_like(pool.temporal[:, :1])
+        )
+        write_stamp(scratch, 0, fp, num_tokens)
+        tensors = [*scratch.conv, scratch.temporal]
+        row_lens = [int(q.shape[-1]) for q in store.storage.qs]
+        one = torch.zeros(1, dtype=torch.int64)
+        roundtrip = new_checkpoint_store(store.fmt, tensors, 1, row_lens=row_lens)
+        quant_naive.quantize_gather_ref(tensors, one, roundtrip.qs, roundtrip.scales, one)
+        quant_naive.dequantize_scatter_ref(roundtrip.qs, roundtrip.scales, one, tensors, one)
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        return all(
+            torch.equal(t[:, slot].view(width[t.element_size()]), r[:, 0].view(width[r.element_size()]))
+            for t, r in zip(pool.tensors, tensors, strict=True)
+        )
 
     def _first_token(self, sim: _SimReq) -> None:
         sim.first_token_s = self.now_s
@@ -726,7 +785,10 @@ class Engine:
                 kv_tree_tokens=int(kv_tree),
                 kv_capacity_tokens=self._capacity()[0],
                 slots_used=int(self.mamba_pool.used),
-                slots_tree=int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()),
+                # quantized formats: the tree holds checkpoint-pool slots, none of the state slots counted
+                slots_tree=0
+                if self.checkpoint_pool is not None
+                else int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size()),
                 slots_reserved=int(self.req_pool.num_reserved_slots()),
                 slot_capacity=self._capacity()[1],
             )
@@ -748,7 +810,10 @@ class Engine:
         return PoolView(
             full_tokens=int(self.kv_pool.used) - self.cache.full_evictable_size() + owed,
             full_capacity_tokens=kv_capacity,
-            mamba_slots=int(self.mamba_pool.used) - self.cache.mamba_evictable_size(),
+            # state slots in use: allocated minus evictable checkpoints; quantized formats keep checkpoints
+            # in their own pool, so every allocated state slot is a running request's
+            mamba_slots=int(self.mamba_pool.used)
+            - (0 if self.checkpoint_pool is not None else self.cache.mamba_evictable_size()),
             mamba_capacity_slots=slot_capacity,
         )
 

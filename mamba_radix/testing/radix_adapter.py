@@ -28,11 +28,10 @@ from hypothesis import strategies as st
 
 from mamba_radix.cache import MambaRadixCache
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT, CacheConfig
-from mamba_radix.errors import InvalidArgument
+from mamba_radix.errors import InvalidArgument, OutOfSlots
 from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.pools import HybridReqToTokenPool, KVAllocator, MambaPool, make_kv_allocator
 from mamba_radix.request import Req
-from mamba_radix.state_stamp import read_stamp, write_stamp
 from mamba_radix.testing.adapter import (
     AdmitOutcome,
     EvictOutcome,
@@ -52,9 +51,11 @@ from mamba_radix.testing.checks import SuiteViolation
 from mamba_radix.testing.faults import CapacityHold, FailNextAllocs
 from mamba_radix.testing.params import suite_params
 from mamba_radix.testing.stamps import expected_stamp
+from mamba_radix.testing.value_stamps import StateStamps
 from mamba_radix.tree import RadixKey
 
 __all__ = [
+    "CHECKPOINT_FORMATS",
     "LIFECYCLE_PAGE_SIZES",
     "MambaRadixAdapter",
     "RadixSuiteParams",
@@ -69,6 +70,10 @@ __all__ = [
 MAX_CONTEXT = 128
 LIFECYCLE_PAGE_SIZES: tuple[int, ...] = (1, 4, 16)
 _NO_SLOT = -1
+CHECKPOINT_FORMATS: tuple[str, ...] = ("model", "int8", "fp8_e4m3")
+# Checkpoint-pool sizes drawn for a quantized format: None is the default (twice the state slots); the
+# small ones make the checkpoint pool the one under pressure (hand-overs evict checkpoints there).
+_CHECKPOINT_SLOTS: tuple[int | None, ...] = (None, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,9 @@ class RadixSuiteParams(SuiteParams):
     (``mamba_flop_weight`` / ``mamba_flop_crossover``, used by ``eviction_order="flop_weighted"``),
     ``slot_headroom`` and ``decode_insert`` (``mamba_slot_headroom`` / ``mamba_decode_insert``, the SGLang
     release switches; ``kv_only_leaves`` is a :class:`SuiteParams` field), ``skip_decode_lock`` (SGLang's
-    ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``: hand-over locks are KV-only). A plain :class:`SuiteParams` runs
-    with the defaults."""
+    ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``: hand-over locks are KV-only), ``checkpoint_format`` and
+    ``checkpoint_slots`` (the tree's checkpoints quantized in their own pool; stamps are then value stamps,
+    :mod:`mamba_radix.testing.value_stamps`). A plain :class:`SuiteParams` runs with the defaults."""
 
     eviction_order: str = "leaf_first"
     lru_refresh: str = "node"
@@ -90,6 +96,8 @@ class RadixSuiteParams(SuiteParams):
     slot_headroom: str = "exact"
     decode_insert: bool = False
     skip_decode_lock: bool = False
+    checkpoint_format: str = "model"
+    checkpoint_slots: int | None = None
 
 
 @st.composite
@@ -98,12 +106,20 @@ def radix_params(
     strategies: Sequence[str] = ("no_buffer", "extra_buffer", "extra_buffer_lazy"),
     page_sizes: Sequence[int] = (1, 2, 4),
     caps: Sequence[int] = (-1, -1, 1, 2, 3),
+    checkpoint_formats: Sequence[str] = ("model",),
     **suite: Any,
 ) -> SuiteParams:
     """Valid, tiny configurations of :class:`MambaRadixCache`: :func:`suite_params` (the shared rules:
     no_buffer needs page size 1 and runs without overlap; lazy needs overlap; the track interval is a
     page multiple; ``suite``: more of its arguments) plus this cache's own knobs (branch-and-end admission needs extra_buffer). The FLOP
-    crossover is drawn down to a few tokens so the quadratic term matters for these short sequences."""
+    crossover is drawn down to a few tokens so the quadratic term matters for these short sequences.
+    ``checkpoint_formats``: the formats drawn from (with a quantized one, also the checkpoint pool's size);
+    the default ``("model",)`` draws nothing, so existing machines keep their examples."""
+    formats = tuple(checkpoint_formats)
+    if not formats or any(f not in CHECKPOINT_FORMATS for f in formats):
+        raise InvalidArgument(
+            f"checkpoint_formats must be a non-empty subset of {CHECKPOINT_FORMATS}, got {formats}"
+        )
     base = draw(suite_params(strategies=strategies, page_sizes=page_sizes, caps=caps, **suite))
     fields = {k: getattr(base, k) for k in SuiteParams.__dataclass_fields__}
     return RadixSuiteParams(
@@ -118,7 +134,17 @@ def radix_params(
         slot_headroom=draw(st.sampled_from(["exact", "per_chunk"])),
         decode_insert=draw(st.booleans()),
         skip_decode_lock=draw(st.booleans()),
+        **_draw_checkpoint_format(draw, formats),
     )
+
+
+def _draw_checkpoint_format(draw: st.DrawFn, formats: tuple[str, ...]) -> dict[str, Any]:
+    """``checkpoint_format`` (and ``checkpoint_slots`` for a quantized one) drawn from ``formats``; no draw
+    at all for a single format, so that adding the choice changed no existing machine's examples."""
+    fmt = formats[0] if len(formats) == 1 else draw(st.sampled_from(formats))
+    if fmt == "model":
+        return {"checkpoint_format": fmt}
+    return {"checkpoint_format": fmt, "checkpoint_slots": draw(st.sampled_from(_CHECKPOINT_SLOTS))}
 
 
 def lifecycle_params(
@@ -172,17 +198,26 @@ class MambaRadixAdapter:
             mamba_slot_headroom=getattr(params, "slot_headroom", "exact"),  # type: ignore[arg-type]
             mamba_decode_insert=getattr(params, "decode_insert", False),
             skip_decode_lock=getattr(params, "skip_decode_lock", False),
+            checkpoint_format=getattr(params, "checkpoint_format", "model"),  # type: ignore[arg-type]
+            checkpoint_slots=getattr(params, "checkpoint_slots", None),
         )
         page = params.page_size
-        # Two conv tensors and a temporal one, each >= 16 bytes per layer row: a copy that skips a tensor
-        # or a layer leaves inconsistent stamps, which read_stamp reports.
-        self.mamba_pool = MambaPool(
-            params.state_slots, 2, [(2, 4), (4, 2)], (2, 2, 2), conv_dtypes=torch.bfloat16
-        )
-        self.req_pool = HybridReqToTokenPool(params.req_rows, MAX_CONTEXT, self.mamba_pool, self.config)
-        kv_tokens = params.kv_pages * page
-        self.allocator: KVAllocator = make_kv_allocator(kv_tokens, page)
-        self.cache = MambaRadixCache(self.config, self.req_pool, self.allocator)
+        fmt = self.config.checkpoint_format
+        # Two conv tensors (bf16) and a temporal one (fp32): a copy or restore that skips a tensor or a
+        # layer leaves inconsistent stamps, which the stamp reader reports. Raw stamps need >= 16 bytes per
+        # layer row; value stamps (quantized formats) 32 payload elements per layer's slot, so one
+        # quantization row of 64 elements each (value_stamps.py).
+        conv, temporal = ([(2, 4), (4, 2)], (2, 2, 2)) if fmt == "model" else ([(2, 32), (4, 16)], (2, 4, 8))
+        self.mamba_pool: MambaPool
+        self.allocator: KVAllocator
+        self.cache: MambaRadixCache
+        self._build(params, conv, temporal)
+        self.stamps = StateStamps(fmt, self.mamba_pool)
+        # Under a quantized format the tree's checkpoints are slots of cache.checkpoint_pool, another id
+        # space than the state slots. The suite sees one id space: checkpoint slot k is suite slot
+        # ckpt_base + k (above every state slot), so snapshots, hits and reads never mix the two.
+        self.checkpoint_pool = self.cache.checkpoint_pool
+        self.ckpt_base = self.mamba_pool.size
         self.reqs: dict[int, Req] = {}
         # Finished requests stay nameable: the misuse probes finish, extend or commit them again. O(1) each.
         self.gone: dict[int, Req] = {}
@@ -193,7 +228,17 @@ class MambaRadixAdapter:
         self.state_hold = CapacityHold(self.mamba_pool.alloc, self.mamba_pool.free)
         kv_methods = ["alloc"] if page == 1 else ["alloc", "alloc_extend"]
         self.kv_faults = [FailNextAllocs(self.allocator, m) for m in kv_methods]
-        self.state_faults = FailNextAllocs(self.mamba_pool, "alloc")
+        self.state_faults = [FailNextAllocs(self.mamba_pool, "alloc")]
+        if self.checkpoint_pool is not None:  # a hand-over's checkpoint slot is state memory too
+            self.state_faults.append(FailNextAllocs(self.checkpoint_pool, "alloc"))
+
+    def _build(self, params: SuiteParams, conv: list[tuple[int, ...]], temporal: tuple[int, ...]) -> None:
+        """Build ``mamba_pool`` (``conv`` / ``temporal`` inner shapes, two layers), ``req_pool``,
+        ``allocator`` and ``cache`` for ``params`` and ``self.config`` (a subclass builds other pools)."""
+        self.mamba_pool = MambaPool(params.state_slots, 2, conv, temporal, conv_dtypes=torch.bfloat16)
+        self.req_pool = HybridReqToTokenPool(params.req_rows, MAX_CONTEXT, self.mamba_pool, self.config)
+        self.allocator = make_kv_allocator(params.kv_pages * params.page_size, params.page_size)
+        self.cache = MambaRadixCache(self.config, self.req_pool, self.allocator)
 
     # ------------------------------------------------------------------------------------ helpers
     def _tree_size(self) -> tuple[int, int]:
@@ -204,7 +249,13 @@ class MambaRadixAdapter:
         )
 
     def _stamp(self, slot: int, tokens: Sequence[int]) -> None:
-        write_stamp(self.mamba_pool, slot, *expected_stamp(tuple(tokens)))
+        self.stamps.write(slot, *expected_stamp(tuple(tokens)))
+
+    def _suite_slot(self, tree_slot: int | None) -> int | None:
+        """A node's checkpoint slot as the suite names it (see ``ckpt_base``). O(1)."""
+        if tree_slot is None or self.checkpoint_pool is None:
+            return tree_slot
+        return self.ckpt_base + int(tree_slot)
 
     def _row(self, req: Req, upto: int) -> tuple[int, ...]:
         assert req.req_pool_idx is not None
@@ -213,7 +264,7 @@ class MambaRadixAdapter:
     def _check_live(self, req: Req) -> None:
         """The model is about to continue from the live slot: it must hold the state at ``kv_len``."""
         assert req.mamba_pool_idx is not None
-        got = read_stamp(self.mamba_pool, req.mamba_pool_idx)
+        got = self.stamps.read(req.mamba_pool_idx)
         want = expected_stamp(tuple(req.token_ids(req.kv_len)))
         if got != want:
             raise SuiteViolation(
@@ -253,6 +304,10 @@ class MambaRadixAdapter:
 
     # ------------------------------------------------------------------------------------ tree ops
     def insert(self, extra_key: Any, tokens: Sequence[int]) -> InsertOutcome | None:
+        """Allocate KV and a stamped state slot and ``cache.insert`` them. Under a quantized format the
+        caller makes room in the checkpoint pool first (the public insert evicts nothing; ``OutOfSlots``
+        if it is full, then this returns ``None`` with everything given back), and the slot reported is
+        the checkpoint slot the cache quantized into (the one checkpoint slot the call left allocated)."""
         before = self._tree_size()
         kv = self.cache.alloc_token_slots(len(tokens))
         if kv is None:
@@ -261,12 +316,29 @@ class MambaRadixAdapter:
         if slot is None:
             self.allocator.free(kv)
             return None
-        evicted = self._tree_size() != before
         self._stamp(slot, tokens)
-        res = self.cache.insert(RadixKey(tuple(tokens), extra_key), kv, slot)
+        ckpt = self.checkpoint_pool
+        if ckpt is not None and ckpt.available_size() == 0:
+            self.cache.evict(num_states=1)
+        held = set() if ckpt is None else set(ckpt.allocated_slots().tolist())
+        evicted = self._tree_size() != before
+        try:
+            res = self.cache.insert(RadixKey(tuple(tokens), extra_key), kv, slot)
+        except OutOfSlots:  # every checkpoint locked: nothing changed, the caller gives its memory back
+            self.mamba_pool.free([slot])
+            self.allocator.free(kv)
+            return None
         if res.mamba_exists:
             self.mamba_pool.free([slot])
-        return InsertOutcome(res.prefix_len, res.mamba_exists, tuple(kv.tolist()), slot, evicted)
+        reported = slot
+        if ckpt is not None and not res.mamba_exists:
+            fresh = set(ckpt.allocated_slots().tolist()) - held
+            if len(fresh) != 1:
+                raise SuiteViolation(
+                    f"insert {tokens}: checkpoint slots {sorted(fresh)} newly allocated, expected one"
+                )
+            reported = self.ckpt_base + fresh.pop()
+        return InsertOutcome(res.prefix_len, res.mamba_exists, tuple(kv.tolist()), reported, evicted)
 
     def match(self, extra_key: Any, tokens: Sequence[int], cow: bool) -> MatchOutcome:
         req = Req(rid="match", origin_input_ids=list(tokens), extra_key=extra_key) if cow else None
@@ -274,13 +346,13 @@ class MambaRadixAdapter:
         m = self.cache.match_prefix(RadixKey(tuple(tokens), extra_key), cow_mamba=cow, req=req)
         cow_stamp = None
         if req is not None and req.mamba_pool_idx is not None:
-            cow_stamp = read_stamp(self.mamba_pool, req.mamba_pool_idx)
+            cow_stamp = self.stamps.read(req.mamba_pool_idx)
             self.mamba_pool.free([req.mamba_pool_idx])
         return MatchOutcome(
             hit_len=len(m.device_indices),
             kv_indices=tuple(m.device_indices.tolist()),
             node=m.last_node,
-            slot=m.mamba_slot,
+            slot=self._suite_slot(m.mamba_slot),
             full_kv_hit_len=m.full_kv_hit_len,
             branching_seqlen=m.mamba_branching_seqlen,
             cow_stamp=cow_stamp,
@@ -322,7 +394,7 @@ class MambaRadixAdapter:
             req.prefix_indices.tolist()
         ):
             raise SuiteViolation(f"admit {rid}: kv_len / row do not start at the hit's indices")
-        stamp = read_stamp(self.mamba_pool, req.mamba_pool_idx)
+        stamp = self.stamps.read(req.mamba_pool_idx)
         return AdmitOutcome(rid, req.cache_protected_len, stamp, self.cache.stats.cow_skipped > skipped)
 
     def in_prefill(self, rid: int) -> bool:
@@ -367,13 +439,16 @@ class MambaRadixAdapter:
         running = rid in self.reqs
         offer = self._offer(req) if running else None
         cache_len, protected = self.cache.buffer.checkpoint_len(req), req.cache_protected_len
+        skipped = self.cache.stats.checkpoints_skipped
         try:
             self.cache.finish(req, insert=insert)
         except InvalidArgument as exc:
             return Refused("finish", str(exc))
         if running:
             self.gone[rid] = self.reqs.pop(rid)
-        if insert and req.mamba_lazy_is_insert and cache_len is not None and cache_len > protected:
+        # under a quantized format the finish hand-over needs a checkpoint slot and may skip (counted)
+        handed = self.cache.stats.checkpoints_skipped == skipped
+        if insert and handed and req.mamba_lazy_is_insert and cache_len is not None and cache_len > protected:
             key = (req.extra_key, tuple(req.token_ids(cache_len)))
             if key not in self.snapshot().checkpoints:
                 raise SuiteViolation(
@@ -506,6 +581,14 @@ class MambaRadixAdapter:
                 self.mamba_pool.available_size(),
                 tuple(self.mamba_pool.allocated_slots().tolist()),
             ),
+            "checkpoint pool": None
+            if self.checkpoint_pool is None
+            else (
+                self.checkpoint_pool.available_size(),
+                tuple(self.checkpoint_pool.allocated_slots().tolist()),
+                self.checkpoint_pool.stores,
+                self.checkpoint_pool.loads,
+            ),
             "request rows": (
                 rows.available_size(),
                 tuple(r for r in range(1, rows.size + 1) if rows.is_row_allocated(r)),
@@ -558,7 +641,7 @@ class MambaRadixAdapter:
         self.state_hold.release(as_tensor)
 
     def fail_next_allocs(self, pool: str, count: int) -> None:
-        for fault in self.kv_faults if pool == "kv" else [self.state_faults]:
+        for fault in self.kv_faults if pool == "kv" else self.state_faults:
             fault.arm(count)
 
     # ------------------------------------------------------------------------------------ observe
@@ -569,7 +652,7 @@ class MambaRadixAdapter:
             self.cache.tree.root,
             self.params.page_size,
             lambda n: (n.extra_key, n.key),
-            lambda n: None if n.mamba_slot is None else int(n.mamba_slot),
+            lambda n: self._suite_slot(None if n.mamba_slot is None else int(n.mamba_slot)),
         )
 
     def ownership(self) -> list[Ownership]:
@@ -580,7 +663,11 @@ class MambaRadixAdapter:
             if node.mamba_slot is not None:
                 tree_slots.append(int(node.mamba_slot))
         kv_owners: dict[str, list[int]] = {"tree": tree_kv, "fault": list(self.kv_hold.held)}
-        slot_owners: dict[str, list[int]] = {"tree": tree_slots, "fault": list(self.state_hold.held)}
+        # quantized: the tree's checkpoints are the checkpoint pool's (their own record below)
+        slot_owners: dict[str, list[int]] = {
+            "tree": tree_slots if self.checkpoint_pool is None else [],
+            "fault": list(self.state_hold.held),
+        }
         row_owners: dict[str, list[int]] = {}
         for rid, req in self.reqs.items():
             # an extend not committed yet owns its KV too (paged: it may continue the last partial page)
@@ -591,7 +678,10 @@ class MambaRadixAdapter:
             slot_owners[f"req {rid}"] = held
             row_owners[f"req {rid}"] = [] if req.req_pool_idx is None else [req.req_pool_idx]
         rows = self.req_pool
+        # quantized: the checkpoint pool's record first
+        records = [] if self.checkpoint_pool is None else [self._checkpoint_ownership(tree_slots)]
         return [
+            *records,
             Ownership(
                 "KV",
                 kv_owners,
@@ -616,8 +706,24 @@ class MambaRadixAdapter:
             ),
         ]
 
+    def _checkpoint_ownership(self, tree_slots: list[int]) -> Ownership:
+        """Quantized formats: the checkpoint pool's slots, every one the tree's (its own ids)."""
+        pool = self.checkpoint_pool
+        assert pool is not None
+        return Ownership(
+            "checkpoint slots",
+            {"tree": tree_slots},
+            pool.allocated_slots().tolist(),
+            pool.available_size(),
+            pool.size,
+        )
+
     def read_stamp(self, slot: int) -> tuple[int, int]:
-        return read_stamp(self.mamba_pool, slot)
+        """The stamp suite slot ``slot`` holds: a state slot's, or (above ``ckpt_base``, quantized
+        formats) the stamp a checkpoint restores to, read through the format's dequantization."""
+        if self.checkpoint_pool is not None and slot > self.ckpt_base:
+            return self.stamps.read_checkpoint(self.checkpoint_pool, slot - self.ckpt_base)
+        return self.stamps.read(slot)
 
     def eviction_totals(self) -> tuple[int, int]:
         """Tokens and states the cache's eviction removed so far (``CacheStats``)."""
