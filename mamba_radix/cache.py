@@ -17,16 +17,32 @@ cache's :attr:`~MambaRadixCache.checkpoint_pool`: a hand-over quantizes the requ
 checkpoint slot (evicting checkpoints when that pool is full), a hit dequantizes it into the request's own
 slot, and whatever the tree releases is freed there. The state pool then holds running requests' slots
 only, so evicting checkpoints frees no state slot: a state-slot shortfall evicts nothing.
+
+The host tier (``config.host_tier``, off by default; ``docs/host-tier.md``): the cache owns a
+:class:`~mamba_radix.pools.host_kv_pool.HostKVPool` and a
+:class:`~mamba_radix.pools.host_state_pool.HostStatePool`, makes the backups the write policy asks for
+(the tree's :class:`~mamba_radix.tree.HostBackup`), frees host copies the tree releases, and loads a
+host-resident prefix back (:meth:`MambaRadixCache.plan_load_back`, :meth:`MambaRadixCache.apply_load_plan`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import torch
 
 from mamba_radix.buffers import buffer_strategy
-from mamba_radix.cache_results import CacheStats, EvictResult, InsertResult, MatchResult, PrefixPeek
+from mamba_radix.cache_results import (
+    CacheStats,
+    EvictResult,
+    HostTierStats,
+    InsertResult,
+    LoadPlan,
+    MatchResult,
+    PrefixPeek,
+)
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument, InvalidIndex, OutOfSlots, check_count
 from mamba_radix.events import CacheEvent, EventLog
@@ -45,6 +61,8 @@ from mamba_radix.pools import (
 )
 from mamba_radix.pools.checkpoint_pool import CheckpointPool, default_checkpoint_slots
 from mamba_radix.pools.held import HeldIndices
+from mamba_radix.pools.host_kv_pool import HostKVPool, KVStorage
+from mamba_radix.pools.host_state_pool import HostStatePool
 from mamba_radix.request import Req
 from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 
@@ -83,8 +101,16 @@ class MambaRadixCache:
         *,
         policy: CachePolicy | None = None,
         events: bool = False,
+        kv_storage: KVStorage | None = None,
     ) -> None:
         check_cache_pools(config, req_to_token_pool, token_to_kv_pool_allocator)
+        if config.host_tier and events:
+            raise InvalidArgument("events=True is not recorded with the host tier yet; pass events=False")
+        if config.host_tier and policy is not None and type(policy) is not CachePolicy:
+            raise InvalidArgument(
+                f"the host tier runs the config's own eviction order only; got research policy "
+                f"{type(policy).__name__}: pass policy=None or set host_kv_tokens=host_state_slots=0"
+            )
         self.config = config
         self.req_to_token_pool = req_to_token_pool
         self.mamba_pool = req_to_token_pool.mamba_pool
@@ -111,6 +137,25 @@ class MambaRadixCache:
         self.stats = CacheStats()
         # chosen once: None costs an attribute test per insert and eviction; a log names what they change
         self._events: EventLog | None = EventLog(config.page_size) if events else None
+        # the host tier: None while it is off (every branch on it tests one attribute)
+        self.host_kv_pool: HostKVPool | None = None
+        self.host_state_pool: HostStatePool | None = None
+        self.host_stats: HostTierStats | None = None
+        if config.host_tier:
+            self.host_kv_pool = HostKVPool(config.host_kv_tokens, kv_storage)
+            self.host_state_pool = HostStatePool(self.mamba_pool, config.host_state_slots)
+            self.host_stats = HostTierStats()
+            policy_name = config.host_write_policy
+            self._host_threshold = (
+                0
+                if policy_name == "write_back"
+                else 1
+                if policy_name == "write_through"
+                else config.host_write_through_threshold
+            )
+            self._plan_ids = itertools.count(1)
+            self._open_plans: dict[int, LoadPlan] = {}
+            self.tree.host_backup = self
         self.lifecycle = RequestLifecycle(self)
 
     # ------------------------------------------------------------------ the lifecycle, forwarded
@@ -126,6 +171,10 @@ class MambaRadixCache:
     def admit(self, req: Req, max_new_tokens: int | None = None) -> bool:
         """:meth:`RequestLifecycle.admit`: match, lock, slots, row and KV reservation, or nothing."""
         return self.lifecycle.admit(req, max_new_tokens)
+
+    def take_load_plan(self, req: Req) -> LoadPlan | None:
+        """:meth:`RequestLifecycle.take_load_plan`: the load-back ``req``'s admission applied (host tier)."""
+        return self.lifecycle.take_load_plan(req)
 
     def prefill_chunk_len(self, req: Req, budget: int) -> int:
         """:meth:`RequestLifecycle.prefill_chunk_len`: the next prefill chunk's length (SGLang's cut)."""
@@ -168,6 +217,7 @@ class MambaRadixCache:
         mamba_pool_factory: Callable[..., MambaPool] = MambaPool,
         kv_allocator_factory: Callable[[int, int, str | torch.device], KVAllocator] = make_kv_allocator,
         events: bool = False,
+        kv_storage: KVStorage | None = None,
     ) -> MambaRadixCache:
         """A cache with freshly built pools: ``num_tokens`` KV indices (paged when
         ``config.page_size > 1``), ``num_slots`` state slots of small default shapes (large enough for
@@ -181,7 +231,7 @@ class MambaRadixCache:
         )
         req_pool = HybridReqToTokenPool(max_running_requests, max_context_len, mamba_pool, config, device)
         allocator = kv_allocator_factory(num_tokens, config.page_size, device)
-        return cls(config, req_pool, allocator, policy=policy, events=events)
+        return cls(config, req_pool, allocator, policy=policy, events=events, kv_storage=kv_storage)
 
     # -------------------------------------------------------------------------------------------- sizes
     def full_evictable_size(self) -> int:
@@ -260,6 +310,8 @@ class MambaRadixCache:
         :attr:`stats`. Called by the buffer strategy (:meth:`BufferStrategy.match_prefix`), which a
         disabled cache's null strategy does not do. Side effects and cost: :meth:`match_prefix`'s."""
         m = self.tree.match(radix_key, walk)
+        if self.host_stats is not None and self._host_threshold:
+            self._count_host_hits(list(self.tree.path_to_root(m.best))[::-1])
         best = m.best
         branching = self._branching
         hit_len = 0
@@ -277,6 +329,11 @@ class MambaRadixCache:
             result = MatchResult(  # device_indices concatenated only if read
                 None, best, best.mamba_slot, m.full_kv_hit_len, branching(m.full_kv_hit_len, hit_len), match=m
             )
+        if self.host_stats is not None:  # the host extension beyond the device hit (read-only walk)
+            target, _ = self.tree.host_extension(self.tree.walk(radix_key))
+            if target is not None:
+                result.host_hit_len = target.depth - hit_len
+                result.host_checkpoint = True
         stats = self.stats
         stats.matches += 1
         stats.hit_tokens += hit_len
@@ -314,6 +371,8 @@ class MambaRadixCache:
         best_idx = len(path) - 1
         while best_idx >= 0 and path[best_idx].mamba_slot is None:
             best_idx -= 1
+        if self.host_stats is not None:  # KV on the device only
+            pos, partial = min(self.tree.device_len(walk.path), pos + partial), 0
         if best_idx < 0:
             return PrefixPeek(0, pos + partial, root, 0, False), walk
         best = path[best_idx]
@@ -490,6 +549,17 @@ class MambaRadixCache:
             self.token_to_kv_pool_allocator.free(done.duplicate_kv, check=False)
         if done.new_kv is not None and self._tree_kv is not None:
             self._tree_kv.hold(done.new_kv)
+        if done.revived_kv is not None and self._tree_kv is not None:
+            self._tree_kv.hold(done.revived_kv)
+        if (
+            self.host_stats is not None
+            and self._host_threshold
+            and not done.mamba_exists
+            and done.node is not self.tree.root
+        ):
+            # a node the insert created (or gave a checkpoint) counts its first hit (write_through: backed
+            # up now); a match counts one on each node of its path
+            self._count_host_hits([done.node])
         if done.capped_slots:
             # checkpoints the tree just dropped
             self._checkpoint_slots().free(done.capped_slots, check=False)
@@ -533,7 +603,7 @@ class MambaRadixCache:
             max_index = getattr(allocator, "max_index", allocator.size)
             self._tree_kv = HeldIndices(max_index, self.device)
             for node in self.tree.nodes():
-                if not node.is_root and node.value.numel():
+                if not node.is_root and node.value is not None and node.value.numel():
                     self._tree_kv.hold(node.value)
         return self._tree_kv
 
@@ -582,6 +652,13 @@ class MambaRadixCache:
             self.token_to_kv_pool_allocator.free(kv, check=False)
         if freed.slots:
             self._checkpoint_slots().free(freed.slots, check=False)
+        if freed.host_kv:  # the host tier: host copies of nodes that left the tree
+            assert self.host_kv_pool is not None and self.host_stats is not None
+            self.host_kv_pool.free(torch.cat(freed.host_kv))
+            self.host_stats.host_tokens_evicted += freed.num_host_tokens
+        if freed.host_slots:
+            assert self.host_state_pool is not None
+            self.host_state_pool.free(freed.host_slots)
         self.stats.tokens_evicted += freed.num_tokens
         self.stats.states_evicted += freed.num_states
 
@@ -633,6 +710,165 @@ class MambaRadixCache:
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1, as_list=True)
         return None if slots is None else slots[0]
+
+    # ------------------------------------------------------------------------------------- host tier
+    def _count_host_hits(self, nodes: list[TreeNode]) -> None:
+        """Count a hit on each of ``nodes`` (top-down, device-resident) and back up those that reach the
+        write policy's threshold (write_through: 1, write_through_selective: ``host_write_through_threshold``)
+        and whose parent's KV is on the host (or is the root), as SGLang's ``write_backup`` requires: the
+        host copies stay a subtree from the root. O(nodes) plus the copies."""
+        threshold = self._host_threshold
+        root = self.tree.root
+        for node in nodes:
+            hits = self.tree.count_hit(node)
+            if hits < threshold or node.value is None:
+                continue
+            if node.host_kv is None and (node.parent is root or node.parent.host_kv is not None):  # type: ignore[union-attr]
+                self.backup_kv(node)
+            if node.host_kv is not None and node.mamba_slot is not None and node.host_slot is None:
+                self.backup_state(node)
+
+    def backup_kv(self, node: TreeNode) -> bool:
+        """Copy ``node``'s device KV into host rows and record it on the node (the tree's
+        :class:`~mamba_radix.tree.HostBackup` call), evicting host-only leaves when the host is short;
+        False, nothing copied, when it stays short. O(tokens * bytes per token)."""
+        pool, stats = self.host_kv_pool, self.host_stats
+        assert pool is not None and stats is not None and node.value is not None
+        need = len(node.key)
+        if pool.available_size() < need:
+            self._release(self.tree.evict_host(num_tokens=need - pool.available_size()))
+            if pool.available_size() < need:
+                stats.backups_skipped += 1
+                return False
+        self.tree.set_host_copy(node, host_kv=pool.backup(node.value))
+        stats.kv_backed_up += need
+        return True
+
+    def backup_state(self, node: TreeNode) -> bool:
+        """Copy ``node``'s device checkpoint into a host slot and record it (as :meth:`backup_kv`). The copy
+        runs on the current stream, ahead of any later reuse of the device slot. O(slot bytes)."""
+        pool, stats = self.host_state_pool, self.host_stats
+        assert pool is not None and stats is not None and node.mamba_slot is not None
+        if pool.available_size() < 1:
+            self._release(self.tree.evict_host(num_slots=1))
+            if pool.available_size() < 1:
+                stats.backups_skipped += 1
+                return False
+        host_slots, _ = pool.backup([node.mamba_slot])
+        self.tree.set_host_copy(node, host_slot=int(host_slots[0]))
+        stats.states_backed_up += 1
+        return True
+
+    def evict_host(self, num_tokens: int = 0, num_slots: int = 0) -> EvictResult:
+        """Free at least ``num_tokens`` host KV rows and ``num_slots`` host state slots by removing host-only
+        leaves, least recently used first (:meth:`RadixTree.evict_host`). Raises :class:`InvalidArgument`
+        without the host tier or for counts that are not ints >= 0 (nothing changed). Returns the host
+        tokens and slots freed. O(victims * host-only nodes)."""
+        if self.host_stats is None:
+            raise InvalidArgument(
+                "evict_host needs the host tier; set host_kv_tokens and host_state_slots > 0"
+            )
+        freed = self.tree.evict_host(num_tokens, num_slots)
+        self._release(freed)
+        return EvictResult(freed.num_host_tokens, len(freed.host_slots))
+
+    def plan_load_back(self, key: RadixKey | Sequence[int]) -> LoadPlan | None:
+        """The load-back that would make ``key``'s deepest host-resident checkpoint a device hit, with its
+        device memory allocated: None when the host holds no checkpoint deeper than the device hit (or the
+        host tier is off), or when the device has no room even after eviction (counted in
+        ``host_stats.loads_skipped``; nothing kept). Side effects: allocates (evicting) the device KV and the
+        device slot the plan names, pins the host path against host eviction and KV-locks its device end
+        until :meth:`apply_load_plan`, which is to follow before any other call on this cache (the
+        lifecycle's admission applies it at once); the tree is not split. O(L + path + victims * log n)."""
+        stats = self.host_stats
+        if stats is None:
+            return None
+        tree = self.tree
+        walk = tree.walk(self._as_key(key, None))
+        target, _ = tree.host_extension(walk)
+        if target is None:
+            return None
+        path = walk.path
+        nodes = tuple(node for node in path[: path.index(target) + 1] if node.value is None)
+        anchor = nodes[0].parent if nodes else target
+        assert anchor is not None
+        num_tokens = sum(len(node.key) for node in nodes)
+        tree.host_pinned.update(node.id for node in nodes)
+        tree.inc_lock_ref(anchor, checkpoint=False)  # the root: a no-op
+        kv = (
+            self.alloc_token_slots(num_tokens)
+            if num_tokens
+            else torch.empty(0, dtype=torch.int64, device=self.device)
+        )
+        slot = self.alloc_state_slot() if kv is not None else None
+        if kv is None or slot is None:
+            if kv is not None and kv.numel():
+                self.token_to_kv_pool_allocator.free(kv, check=False)
+            self._end_load_back(nodes, anchor)
+            stats.loads_skipped += 1
+            return None
+        assert target.host_slot is not None
+        host_kv = torch.cat([node.host_kv for node in nodes]) if nodes else kv[:0].cpu()  # type: ignore[misc]
+        plan = LoadPlan(
+            next(self._plan_ids),
+            host_kv,
+            kv,
+            target.host_slot,
+            slot,
+            target.depth,
+            nodes=nodes,
+            target=target,
+        )
+        self._open_plans[plan.plan_id] = plan
+        return plan
+
+    def _end_load_back(self, nodes: tuple[TreeNode, ...], anchor: TreeNode) -> None:
+        self.tree.host_pinned.difference_update(node.id for node in nodes)
+        self.dec_lock_ref(anchor, checkpoint=False)
+
+    def apply_load_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Copy ``plan``'s host KV rows and host slot into its device KV indices and slot (through the host
+        pools: ``state_ops`` gather/scatter for the state), make its nodes device-resident again (their
+        host copies stay), give the target node its device checkpoint, and release the pin and lock
+        :meth:`plan_load_back` took. Returns the plan with ``applied`` and the copy's ``event``. Raises
+        :class:`InvalidArgument` (nothing changed) for a plan applied already or not made by this cache.
+        O(tokens * bytes per token + slot bytes + nodes * log n)."""
+        if (
+            not isinstance(plan, LoadPlan)
+            or self.host_stats is None
+            or self._open_plans.get(plan.plan_id) is not plan
+        ):
+            raise InvalidArgument(
+                "this load plan was applied already or is not this cache's; make a new one with plan_load_back"
+            )
+        del self._open_plans[plan.plan_id]
+        kv_pool, state_pool = self.host_kv_pool, self.host_state_pool
+        assert kv_pool is not None and state_pool is not None and plan.target is not None
+        if plan.nodes:
+            kv_pool.load(plan.host_kv, plan.device_kv)
+        event = state_pool.load([plan.host_slot], [plan.device_slot])
+        values = (
+            list(torch.split(plan.device_kv, [len(node.key) for node in plan.nodes])) if plan.nodes else []
+        )
+        self.tree.promote(plan.nodes, values)
+        self.tree.set_device_checkpoint(plan.target, plan.device_slot)
+        if self._tree_kv is not None and plan.nodes:
+            self._tree_kv.hold(plan.device_kv)
+        anchor = plan.nodes[0].parent if plan.nodes else plan.target
+        assert anchor is not None
+        self._end_load_back(plan.nodes, anchor)
+        stats = self.host_stats
+        stats.host_hits += 1
+        stats.kv_loaded += plan.num_tokens
+        stats.states_loaded += 1
+        return replace(plan, applied=True, event=event)
+
+    def load_back(self, key: RadixKey | Sequence[int]) -> LoadPlan | None:
+        """:meth:`plan_load_back` then :meth:`apply_load_plan`: the applied plan, or None (nothing to load,
+        or no device room). The lifecycle's admission calls it before its match. Side effects and cost:
+        theirs."""
+        plan = self.plan_load_back(key)
+        return None if plan is None else self.apply_load_plan(plan)
 
     # ------------------------------------------------------------------------- quantized checkpoints
     def _checkpoint_slots(self) -> MambaPool | CheckpointPool:

@@ -7,7 +7,7 @@ records, re-exported from :mod:`mamba_radix.cache`, where callers import them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -18,7 +18,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.node import TreeNode
     from mamba_radix.tree import TreeMatch
 
-__all__ = ["CacheStats", "EvictResult", "InsertResult", "MatchResult", "PrefixPeek"]
+__all__ = [
+    "CacheStats",
+    "EvictResult",
+    "HostTierStats",
+    "InsertResult",
+    "LoadPlan",
+    "MatchResult",
+    "PrefixPeek",
+]
 
 
 class MatchResult:
@@ -30,7 +38,10 @@ class MatchResult:
     - ``last_node``: deepest node with a checkpoint on the matched path (root if none);
     - ``mamba_slot``: that node's checkpoint slot (None at the root);
     - ``full_kv_hit_len``: KV matched, possibly deeper than the usable hit;
-    - ``mamba_branching_seqlen``: ``full_kv_hit_len`` rounded down to the grid, if deeper than the hit.
+    - ``mamba_branching_seqlen``: ``full_kv_hit_len`` rounded down to the grid, if deeper than the hit;
+    - ``host_hit_len`` (host tier; not part of the tuple form): tokens beyond the device hit up to the
+      deepest checkpoint whose KV and state are on the device or the host, a load-back's worth (0 without
+      the tier); ``host_checkpoint``: whether that checkpoint is on the host only.
 
     Read like the NamedTuple it was: fields by name, unpacking and indexing in that order, ``_fields``,
     ``_asdict()``. Late reads are exact: the tree never changes a node's indices in place.
@@ -40,6 +51,8 @@ class MatchResult:
         "_indices",
         "_match",
         "full_kv_hit_len",
+        "host_checkpoint",
+        "host_hit_len",
         "last_node",
         "mamba_branching_seqlen",
         "mamba_slot",
@@ -55,6 +68,8 @@ class MatchResult:
         mamba_branching_seqlen: int | None,
         *,
         match: TreeMatch | None = None,
+        host_hit_len: int = 0,
+        host_checkpoint: bool = False,
     ) -> None:
         """``device_indices``, or ``None`` with ``match``: the tree match whose hit these are."""
         if device_indices is None and match is None:
@@ -65,6 +80,8 @@ class MatchResult:
         self.mamba_slot = mamba_slot
         self.full_kv_hit_len = full_kv_hit_len
         self.mamba_branching_seqlen = mamba_branching_seqlen
+        self.host_hit_len = host_hit_len
+        self.host_checkpoint = host_checkpoint
 
     @property
     def device_indices(self) -> torch.Tensor:
@@ -150,3 +167,46 @@ class CacheStats:
     def reset(self) -> None:
         for name in asdict(self):
             setattr(self, name, 0)
+
+
+@dataclass
+class HostTierStats:
+    """The host tier's counters (``cache.host_stats``; None while the tier is off, so the device counters
+    and every report built from them are unchanged). Tokens and slots, cumulative."""
+
+    kv_backed_up: int = 0  # KV tokens copied to the host
+    states_backed_up: int = 0  # checkpoints copied to the host
+    backups_skipped: int = 0  # a backup with no host room even after host eviction
+    host_hits: int = 0  # load-backs applied
+    kv_loaded: int = 0  # KV tokens copied back to the device
+    states_loaded: int = 0  # checkpoints copied back to the device
+    loads_skipped: int = 0  # a host hit dropped: no device room for its load-back
+    host_tokens_evicted: int = 0  # host KV tokens freed by host eviction
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """A load-back (host tier): which host KV rows go to which newly allocated device KV indices and which
+    host state slot to which device slot, so that a host-resident prefix becomes a device hit.
+
+    Made by :meth:`MambaRadixCache.plan_load_back` (device memory allocated, the path pinned) and applied
+    once by :meth:`MambaRadixCache.apply_load_plan`, which returns it with ``applied`` set and ``event``:
+    the CUDA event the state copy recorded on a side stream (None off CUDA or without a stream), for an
+    engine that overlaps the copy with the previous forward. ``hit_len``: the device hit after the load
+    (tokens up to the loaded checkpoint's node)."""
+
+    plan_id: int
+    host_kv: torch.Tensor  # host KV indices, in prefix order
+    device_kv: torch.Tensor  # device KV indices they load into (now the tree's), pairwise
+    host_slot: int  # the checkpoint's host slot
+    device_slot: int  # the device slot it loads into (the node's checkpoint from then on)
+    hit_len: int
+    applied: bool = False
+    event: object = None
+    nodes: tuple[TreeNode, ...] = field(default=(), repr=False, compare=False)  # host-only path, top-down
+    target: TreeNode | None = field(default=None, repr=False, compare=False)  # the checkpoint's node
+
+    @property
+    def num_tokens(self) -> int:
+        """KV tokens the plan moves. O(1)."""
+        return int(self.device_kv.numel())

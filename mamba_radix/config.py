@@ -11,6 +11,7 @@ fields and never stored twice.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
@@ -23,6 +24,7 @@ __all__ = [
     "CHECKPOINT_FORMATS",
     "EVICTION_ORDERS",
     "FIELD_CHOICES",
+    "HOST_WRITE_POLICIES",
     "LRU_REFRESH_MODES",
     "SLOT_HEADROOM_MODES",
     "STRATEGIES",
@@ -31,6 +33,7 @@ __all__ = [
     "CheckpointAdmission",
     "CheckpointFormat",
     "EvictionOrder",
+    "HostWritePolicy",
     "LruRefresh",
     "ResolvedStrategy",
     "SlotBudget",
@@ -47,6 +50,7 @@ CheckpointAdmission = Literal["all", "branch_and_end"]
 SlotHeadroom = Literal["exact", "per_chunk"]
 UnifiedGiveWay = Literal["sglang", "older_victim", "floor"]
 CheckpointFormat = Literal["model", "int8", "fp8_e4m3"]
+HostWritePolicy = Literal["write_through", "write_through_selective", "write_back"]
 
 STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed", "flop_weighted")
@@ -77,6 +81,12 @@ UNIFIED_GIVE_WAY_RULES: tuple[str, ...] = ("sglang", "older_victim", "floor")
 # how the tree's checkpoints are stored (mamba_radix.checkpoint_format re-exports it and defines each);
 # here, so that a config is validated without importing torch
 CHECKPOINT_FORMATS: tuple[str, ...] = ("model", "int8", "fp8_e4m3")
+# when a node's KV and checkpoint get their host copy (SGLang's --hicache-write-policy; docs/host-tier.md):
+# at insert, after N hits, or at device eviction
+HOST_WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
+# SGLang's write-through threshold: a node is backed up at its first hit under write_through, its second
+# under write_through_selective (HiRadixCache.write_through_threshold)
+DEFAULT_HOST_WRITE_THROUGH_THRESHOLD = 2
 
 # Fields that take one of a fixed set of names, and the names (the CLI's choices read it too).
 FIELD_CHOICES: dict[str, tuple[str, ...]] = {
@@ -222,6 +232,18 @@ class CacheConfig:
       dequantized into the request's own slot at a hit. Refused with unified memory.
     - ``checkpoint_slots``: slots of that pool (SGLang's ``--int8-mamba-ckpt-size``); ``None``: twice the
       state pool's slots, as SGLang. Only with a quantized format.
+
+    The host tier (SGLang's HiCache for hybrid models; ``docs/host-tier.md``), off by default:
+
+    - ``host_kv_tokens`` / ``host_state_slots``: rows of the host KV pool and slots of the host state pool.
+      Both 0: no host tier. SGLang always sizes both pools together from one ``--hicache-size`` /
+      ``--hicache-ratio``, so one without the other is refused. Refused with a quantized
+      ``checkpoint_format`` (SGLang refuses its int8 checkpoints with HiCache) and with unified memory (the
+      seeds list the host tier as incompatible with it).
+    - ``host_write_policy``: when a node gets its host copy: ``write_through`` (at its first hit, an insert
+      counting as one: SGLang's default), ``write_through_selective`` (at its
+      ``host_write_through_threshold``-th hit) or ``write_back`` (when the device evicts it).
+    - ``host_write_through_threshold``: the hit count of ``write_through_selective`` (SGLang's: 2).
     """
 
     page_size: int = 1
@@ -252,6 +274,11 @@ class CacheConfig:
     # quantized checkpoints (SGLang's --enable-int8-mamba-checkpoint / --int8-mamba-ckpt-size)
     checkpoint_format: CheckpointFormat = "model"
     checkpoint_slots: int | None = None
+    # the host tier (SGLang's HiCache); both 0: off
+    host_kv_tokens: int = 0
+    host_state_slots: int = 0
+    host_write_policy: HostWritePolicy = "write_through"
+    host_write_through_threshold: int = DEFAULT_HOST_WRITE_THROUGH_THRESHOLD
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -260,6 +287,7 @@ class CacheConfig:
         self._check_strategy()
         self._check_unified_memory()
         self._check_checkpoint_format()
+        self._check_host_tier()
 
     # ----------------------------------------------------------------------------------------- validation
     def _check_types(self) -> None:
@@ -405,6 +433,56 @@ class CacheConfig:
                 "budget holds no checkpoint pool; SGLang drops its int8 pool there); use checkpoint_format='model' "
                 "or disable unified memory"
             )
+
+    def _check_host_tier(self) -> None:
+        policy = self.host_write_policy
+        if policy not in HOST_WRITE_POLICIES:
+            close = difflib.get_close_matches(str(policy), HOST_WRITE_POLICIES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"host_write_policy must be one of {', '.join(HOST_WRITE_POLICIES)}, got {policy!r}{hint}"
+            )
+        kv, slots = self.host_kv_tokens, self.host_state_slots
+        if kv < 0 or slots < 0:
+            raise ConfigError(
+                f"host_kv_tokens and host_state_slots must be >= 0 (0: no host tier), got {kv} and {slots}"
+            )
+        if self.host_write_through_threshold < 1:
+            raise ConfigError(
+                f"host_write_through_threshold must be >= 1 (hits before a backup), got "
+                f"{self.host_write_through_threshold}"
+            )
+        if (kv == 0) != (slots == 0):
+            raise ConfigError(
+                f"host_kv_tokens={kv} with host_state_slots={slots}: the host tier needs both pools (SGLang sizes "
+                "them together); set both > 0, or both 0 for no host tier"
+            )
+        if kv % self.page_size:
+            raise ConfigError(
+                f"host_kv_tokens={kv} must be a multiple of page_size={self.page_size} (host copies hold whole pages)"
+            )
+        if not kv:
+            return
+        if self.checkpoint_format != "model":
+            raise ConfigError(
+                f"checkpoint_format={self.checkpoint_format!r} does not compose with the host tier (SGLang refuses "
+                "its int8 checkpoints with HiCache); use checkpoint_format='model' or host_kv_tokens=0"
+            )
+        if self.disable_radix_cache:
+            raise ConfigError(
+                "disable_radix_cache=True leaves nothing to back up to the host tier; enable the radix cache or "
+                "set host_kv_tokens=host_state_slots=0"
+            )
+        if self.enable_unified_memory:
+            raise ConfigError(
+                "enable_unified_memory=True does not compose with the host tier (host_kv_tokens > 0); "
+                "disable unified memory or set host_kv_tokens=host_state_slots=0"
+            )
+
+    @property
+    def host_tier(self) -> bool:
+        """Whether the host tier is on (``host_kv_tokens > 0``; the state pool then too)."""
+        return self.host_kv_tokens > 0
 
     # -------------------------------------------------------------------------------------- derived values
     @property

@@ -3,7 +3,8 @@
 Two ordered candidate sets (:mod:`mamba_radix.candidates`), sorted by the keys of
 :mod:`mamba_radix.orders` or a research policy's (:class:`CandidateKeys`):
 
-- **full KV**: unlocked leaves (:func:`is_full_candidate`);
+- **full KV**: unlocked leaves (:func:`is_full_candidate`; with the host tier, device leaves: host-only
+  nodes are in neither set);
 - **checkpoints**: nodes holding a checkpoint that no request mamba-locks (:func:`is_mamba_candidate`).
   Evicting an unlocked leaf's checkpoint deletes the leaf and its KV; a leaf whose KV is locked without its
   checkpoint (a KV-only lock, ``skip_decode_lock``) only loses the checkpoint (the tree decides which,
@@ -72,8 +73,15 @@ Key = tuple[int, ...]
 
 
 def is_full_candidate(node: TreeNode) -> bool:
-    """An unlocked non-root leaf: its KV (and checkpoint, if any) may go. O(1)."""
-    return not node.children and node.full_lock_ref == 0 and node.id != ROOT_ID
+    """An unlocked non-root device leaf: its KV (and checkpoint, if any) may go. With the host tier a
+    device leaf is a device-resident node whose children are all host-only (``host_children``, 0 while
+    the tier is off, when this is plain ``not node.children``). O(1)."""
+    return (
+        len(node.children) == node.host_children
+        and node.full_lock_ref == 0
+        and node.id != ROOT_ID
+        and node.value is not None
+    )
 
 
 def is_mamba_candidate(node: TreeNode) -> bool:

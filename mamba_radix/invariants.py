@@ -19,6 +19,12 @@
    the way the request says (``cache.lock_covers_checkpoint(req)``): each node's direct locks
    (``mamba_lock_ref`` full, ``kv_lock_ref`` KV-only) are exactly its running requests'.
 
+With the host tier on (``docs/host-tier.md``), also: the device-resident nodes and the host-backed nodes
+each form a subtree from the root; a host-only node holds host KV, no device checkpoint and no lock, and a
+host-only leaf a host checkpoint; ``host_children`` counts the host-only children; a node's host KV has one
+index per token; every host KV index and host state slot is owned by exactly one node and allocated in its
+host pool, and every allocated one is owned (host pool used == sum over nodes; freed exactly once).
+
 Plus the structure itself: parent/child links and child keys, ``depth``, page alignment, lock arithmetic
 (``full_lock_ref == mamba_lock_ref + kv_lock_ref + sum(child.full_lock_ref)``), stamps not ahead of the
 clock.
@@ -107,6 +113,12 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
         return
     parent = node.parent
     assert parent is not None
+    if tree.host_tier:
+        _check_host_residency(tree, node, parent)
+    if node.value is None:  # host-only (checked above); the device checks below do not apply
+        if len(node.key) % page or node.depth != parent.depth + len(node.key):
+            _fail(tree, f"node {node.id}: host-only edge of {len(node.key)} tokens misaligned or mis-deep")
+        return
     if len(node.key) != node.value.numel() or node.value.dtype != torch.int64 or node.value.dim() != 1:
         _fail(
             tree,
@@ -121,6 +133,7 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
         and node.mamba_slot is None
         and not node.kv_lock_ref
         and not tree.config.mamba_kv_only_leaves
+        and node.value is not None
     ):
         _fail(tree, f"invariant 1: leaf node {node.id} is a tombstone")
     if node.full_lock_ref != node.mamba_lock_ref + node.kv_lock_ref + children_locks:
@@ -132,6 +145,41 @@ def _check_node(tree: RadixTree, node: TreeNode, ids: set[int]) -> None:
         )
 
 
+def _check_host_residency(tree: RadixTree, node: TreeNode, parent: TreeNode) -> None:
+    """The host tier's per-node rules (see the module docstring). O(children)."""
+    host_kv = node.host_kv
+    if node.value is None:
+        if host_kv is None:
+            _fail(tree, f"node {node.id} is on neither tier (no device KV, no host KV)")
+        if node.mamba_slot is not None or node.full_lock_ref or node.mamba_lock_ref or node.kv_lock_ref:
+            _fail(tree, f"host-only node {node.id} holds a device checkpoint or a lock: {node!r}")
+        if not node.children and node.host_slot is None:
+            _fail(tree, f"host-only leaf {node.id} holds no host checkpoint (a useless host tombstone)")
+        if tree.host_only_nodes.get(node.id) is not node:
+            _fail(tree, f"host-only node {node.id} is not registered in host_only_nodes")
+    elif parent.id != ROOT_ID and parent.value is None:
+        _fail(
+            tree,
+            f"device node {node.id} hangs under host-only node {parent.id} (the device tier is a subtree)",
+        )
+    if host_kv is not None:
+        if host_kv.numel() != len(node.key) or host_kv.dtype != torch.int64 or host_kv.dim() != 1:
+            _fail(tree, f"node {node.id}: {len(node.key)} tokens but host KV {tuple(host_kv.shape)}")
+        if parent.id != ROOT_ID and parent.host_kv is None:
+            _fail(
+                tree,
+                f"node {node.id} has a host copy, its parent {parent.id} none (the host tier is a subtree)",
+            )
+    if node.host_slot is not None and tree.host_slot_owner.get(node.host_slot) is not node:
+        _fail(tree, f"host slot {node.host_slot} of node {node.id} is not registered to it")
+    host_children = sum(1 for child in node.children.values() if child.value is None)
+    if node.host_children != host_children:
+        _fail(
+            tree,
+            f"node {node.id}: host_children={node.host_children}, {host_children} children are host-only",
+        )
+
+
 def check_tree_invariants(tree: RadixTree) -> None:
     """The pool-free invariants (structure, 1, 2, 4, 5). O(n)."""
     ids: set[int] = set()
@@ -139,12 +187,20 @@ def check_tree_invariants(tree: RadixTree) -> None:
     full_keys: list[tuple[int, ...]] = []
     mamba_keys: list[tuple[int, ...]] = []
     num_slots = 0
+    host_only = host_tokens = host_slots = 0
     index = tree.index
     for node in tree.nodes():
         _check_node(tree, node, ids)
         if node.is_root:
             continue
-        sizes[0 if node.full_lock_ref == 0 else 1] += len(node.key)
+        if node.value is None:  # host-only: no device size, no candidate
+            host_only += 1
+        else:
+            sizes[0 if node.full_lock_ref == 0 else 1] += len(node.key)
+        if node.host_kv is not None:
+            host_tokens += len(node.key)
+        if node.host_slot is not None:
+            host_slots += 1
         if node.mamba_slot is not None:
             num_slots += 1
             sizes[2 if node.mamba_lock_ref == 0 else 3] += 1
@@ -162,6 +218,16 @@ def check_tree_invariants(tree: RadixTree) -> None:
             full_keys.append(want_full)
         if want_mamba is not None:
             mamba_keys.append(want_mamba)
+    if (host_only, host_tokens, host_slots) != (
+        len(tree.host_only_nodes),
+        tree.host_kv_tokens,
+        len(tree.host_slot_owner),
+    ):
+        _fail(
+            tree,
+            f"host tier: the tree counts {len(tree.host_only_nodes)} host-only nodes, {tree.host_kv_tokens} host "
+            f"KV tokens, {len(tree.host_slot_owner)} host slots; its nodes hold {host_only}, {host_tokens}, {host_slots}",
+        )
     if len(ids) != tree.num_nodes:
         _fail(tree, f"num_nodes is {tree.num_nodes} but the tree has {len(ids)} nodes")
     if num_slots != len(tree.slot_owner):
@@ -290,6 +356,22 @@ def _check_held_flags(cache: CheckedCache, tree_kv: list[torch.Tensor]) -> None:
     _fail(cache.tree, f"invariant 3: the held-KV flags disagree with the tree: index {what}")
 
 
+def _check_host_pools(cache: CheckedCache) -> None:
+    """Host conservation: each host pool's own bookkeeping holds, and its allocated host KV indices / host
+    slots are exactly the nodes' copies, each owned once (the tree alone owns host copies). O(host size)."""
+    tree = cache.tree
+    kv_pool, state_pool = cache.host_kv_pool, cache.host_state_pool  # type: ignore[attr-defined]
+    for pool in (kv_pool, state_pool):
+        try:
+            pool.audit()
+        except InvariantError as err:
+            _fail(tree, f"invariant 3 (host): {err}")
+    host_kv = [node.host_kv for node in tree.nodes() if node.host_kv is not None]
+    _check_owners(cache, "host KV index", host_kv, kv_pool.allocated_indices().cpu(), True)
+    slots = torch.tensor(list(tree.host_slot_owner), dtype=torch.int64)
+    _check_owners(cache, "host state slot", [slots], state_pool.allocated_slots().cpu(), True)
+
+
 def check_invariants(cache: CheckedCache, running_reqs: Iterable[Req] | None = None) -> None:
     """Every invariant of DESIGN.md §5 (see the module docstring). ``running_reqs``, when given, must be
     every request that holds a lock, KV or slots: conservation is then exact. O(n + tokens)."""
@@ -301,7 +383,7 @@ def check_invariants(cache: CheckedCache, running_reqs: Iterable[Req] | None = N
     complete = reqs is not None
     allocator = cache.token_to_kv_pool_allocator
     page = tree.page_size
-    tree_kv = [node.value for node in tree.nodes() if not node.is_root]
+    tree_kv = [node.value for node in tree.nodes() if not node.is_root and node.value is not None]
     allocated_kv = allocator.allocated_indices()
     if page == 1:
         _check_owners(cache, "KV index", tree_kv + req_kv, allocated_kv, complete)
@@ -315,6 +397,8 @@ def check_invariants(cache: CheckedCache, running_reqs: Iterable[Req] | None = N
         pages = [tree_pages] + [torch.unique(kv // page) for kv in req_kv]
         _check_owners(cache, "KV page", pages, torch.unique(allocated_kv // page), complete)
     _check_held_flags(cache, tree_kv)
+    if getattr(cache, "host_kv_pool", None) is not None:
+        _check_host_pools(cache)
     tree_slots = torch.tensor(list(tree.slot_owner), dtype=torch.int64)
     request_slots = torch.tensor(req_slots, dtype=torch.int64)
     allocated_slots = cache.mamba_pool.allocated_slots().cpu()

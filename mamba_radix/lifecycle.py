@@ -71,6 +71,7 @@ from mamba_radix.token_checks import make_token_check
 from mamba_radix.tree import RadixKey, Walk
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mamba_radix.cache_results import LoadPlan
     from mamba_radix.node import TreeNode
 
 # the result records (mamba_radix.lifecycle_results) and the cache contract (mamba_radix.lifecycle_contract)
@@ -123,6 +124,9 @@ class RequestLifecycle:
         self.checked_tokens: WeakKeyDictionary[Req, array] = WeakKeyDictionary()
         self.prefix_chunks: WeakKeyDictionary[Req, tuple[torch.Tensor, ...]] = WeakKeyDictionary()
         self._validated_req: Req | None = None
+        # the host tier: whether it is on, and each admitted request's applied load-back (take_load_plan)
+        self.host_tier = cache.config.host_tier
+        self.load_plans: WeakKeyDictionary[Req, LoadPlan] = WeakKeyDictionary()
 
     # ------------------------------------------------------------------------------------- admission
     def _final_kv_len(self, req: Req, max_new_tokens: int | None) -> int:
@@ -197,6 +201,15 @@ class RequestLifecycle:
         check, key, walk, ids = self._admission_check(req, max_new_tokens)
         if not check.ok:
             return False
+        if self.host_tier:
+            # a host-resident prefix deeper than the device hit is loaded back first (the plan is kept for
+            # the engine: take_load_plan); then the admission is checked again against the new hit
+            plan = self.cache.load_back(key)
+            if plan is not None:
+                self.load_plans[req] = plan
+                check, key, walk, ids = self._admission_check(req, max_new_tokens)
+                if not check.ok:
+                    return False
         self.cache.policy.on_admit(req)
         match = self.cache.match_prefix(key, cow_mamba=True, req=req, walk=walk)  # the check's walk, if valid
         node = req.last_node
@@ -226,6 +239,12 @@ class RequestLifecycle:
         self.checked_tokens[req] = ids
         self.prefix_chunks[req] = match.kv_chunks() if req.cache_protected_len else ()
         return True
+
+    def take_load_plan(self, req: Req) -> LoadPlan | None:
+        """The load-back the admission of ``req`` applied (host tier), once: which host KV rows and host
+        slot went to which device indices and slot, and the copy's event to wait on before the forward;
+        None if there was none (or it was taken). O(1)."""
+        return self.load_plans.pop(req, None)
 
     def _token_key(self, req: Req, start: int, end: int) -> RadixKey:
         """The key of ``req``'s tokens ``[start, end)``, trusted: cut from its checked tokens when they

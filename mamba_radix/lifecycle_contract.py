@@ -12,7 +12,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.buffers import BufferStrategy
-    from mamba_radix.cache_results import CacheStats, InsertResult, MatchResult, PrefixPeek
+    from mamba_radix.cache_results import CacheStats, InsertResult, LoadPlan, MatchResult, PrefixPeek
     from mamba_radix.config import CacheConfig
     from mamba_radix.node import TreeNode
     from mamba_radix.policy import CachePolicy
@@ -52,6 +52,8 @@ class LifecycleCache(Protocol):
     ) -> tuple[InsertResult, TreeInsert]: ...
 
     def make_room(self, num_tokens: int = 0, num_states: int = 0, *, check: bool = True) -> bool: ...
+
+    def load_back(self, key: RadixKey) -> LoadPlan | None: ...
 
     def alloc_state_slot(self) -> int | None: ...
 

@@ -12,6 +12,8 @@ Field ownership (one writer per field):
 - ``tree.py`` writes the structure (``key``, ``value``, ``parent``, ``children``, ``depth``), the
   checkpoint (``mamba_slot``), the locks, the recency stamps, ``owner`` (cleared on removal) and
   ``prefix_fp`` (only for a research policy that asks for prefix fingerprints, chosen at construction);
+- ``tree.py`` also writes the host tier's fields (``host_kv``, ``host_slot``, ``host_children``,
+  ``hit_count``; all unused, None or 0, while the host tier is off);
 - ``eviction.py`` writes ``full_evict_key`` / ``mamba_evict_key`` (the key the node is registered under
   in the ordered candidate sets, ``None`` when it is not a candidate).
 
@@ -26,6 +28,12 @@ Invariants written where the fields live (checked by :mod:`mamba_radix.invariant
 - ``len(key) == len(value) > 0`` on every non-root node, a multiple of ``page_size``;
 - ``depth`` is the number of tokens from the root to the node's end; it does not change when an
   ancestor edge is split, so eviction keys that embed it stay valid;
+- host tier (``docs/host-tier.md``): a node's KV lives on the device (``value``, None once demoted), on the
+  host (``host_kv``, host KV indices), or both; its checkpoint likewise (``mamba_slot`` device,
+  ``host_slot`` host). The device-resident nodes and the host-backed nodes each form a subtree hanging from
+  the root (a node's parent is on the same tier, or the root), so a *host-only* node (``value is None``)
+  has only host-only descendants; it holds no device checkpoint and no lock. ``host_children`` counts the
+  host-only children: a device node whose children are all host-only is a device leaf;
 - a leaf is never a tombstone, except one whose KV a KV-only lock holds (its checkpoint was evicted
   while a request decoded on it) and the KV-only leaves of ``mamba_kv_only_leaves``.
 """
@@ -76,6 +84,10 @@ class TreeNode:
         "extra_key",
         "full_evict_key",
         "full_lock_ref",
+        "hit_count",
+        "host_children",
+        "host_kv",
+        "host_slot",
         "id",
         "key",
         "kv_lock_ref",
@@ -94,7 +106,7 @@ class TreeNode:
         self,
         node_id: int,
         key: TokenIds,
-        value: torch.Tensor,
+        value: torch.Tensor | None,
         *,
         parent: TreeNode | None,
         depth: int,
@@ -123,6 +135,12 @@ class TreeNode:
         self.prefix_fp = 0
         # the RadixTree holding this node, None once it left it (evicted): is_attached() in O(1)
         self.owner = owner
+        # the host tier (None / 0 while it is off): host KV indices and host state slot of this node's
+        # copies, how many children are host-only, and hits counted for write_through(_selective)
+        self.host_kv: torch.Tensor | None = None
+        self.host_slot: int | None = None
+        self.host_children = 0
+        self.hit_count = 0
 
     @property
     def is_root(self) -> bool:
@@ -136,6 +154,11 @@ class TreeNode:
     def is_tombstone(self) -> bool:
         """True for a non-root node without a checkpoint (its KV is kept, its state is gone)."""
         return self.mamba_slot is None and not self.is_root
+
+    @property
+    def is_host_only(self) -> bool:
+        """True for a node whose KV left the device and lives on the host only (host tier). O(1)."""
+        return self.value is None
 
     @property
     def num_tokens(self) -> int:

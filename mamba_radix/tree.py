@@ -17,6 +17,14 @@ scratch or general) and the eviction index's form (:func:`mamba_radix.eviction.m
 deferred removal). So the tree's own code is the reference's shape: one :meth:`RadixTree.walk`, and one
 ``index.touch`` / ``index.touch_mamba`` per stamp.
 
+The host tier (``config.host_tier``, off by default; ``docs/host-tier.md``): a node's KV and checkpoint
+may each have a host copy (``host_kv``, ``host_slot``). Device eviction of an unlocked device leaf (a node
+whose children are all host-only) that has a host copy *demotes* it: its device KV and checkpoint are
+released, the node stays as host-only. Under ``write_back`` the tree asks its :class:`HostBackup` (the
+cache, which owns the host pools) to copy a victim to the host first. Host eviction
+(:meth:`RadixTree.evict_host`) removes host-only leaves in LRU order; :meth:`RadixTree.promote` makes
+host-only nodes device-resident again (a load-back, or an insert that brings the same tokens' KV).
+
 Beside it: the key (:mod:`mamba_radix.radix_key`), the result records (:mod:`mamba_radix.tree_results`,
 re-exported here), the argument checks (:mod:`mamba_radix.tree_checks`) and the dump
 (:mod:`mamba_radix.tree_view`).
@@ -25,8 +33,8 @@ re-exported here), the argument checks (:mod:`mamba_radix.tree_checks`) and the 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -52,6 +60,16 @@ __all__ = ["Freed", "RadixKey", "RadixTree", "TreeInsert", "TreeMatch", "VictimO
 
 def _empty_kv(device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.int64, device=device)
+
+
+class HostBackup(Protocol):
+    """What the tree asks of the host tier's owner (the cache) under ``write_back``: copy a node's device
+    KV or checkpoint to the host and record it (:meth:`RadixTree.set_host_copy`), making host room by
+    :meth:`RadixTree.evict_host` if needed. Each returns whether the copy was made."""
+
+    def backup_kv(self, node: TreeNode) -> bool: ...
+
+    def backup_state(self, node: TreeNode) -> bool: ...
 
 
 class RadixTree:
@@ -134,6 +152,16 @@ class RadixTree:
         self.version = 0  # bumped by every structural change (nodes, edges, checkpoints): a Walk's validity
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
+        # the host tier (all empty while it is off): whether it is on, the cache's backup hook (write_back),
+        # host-only nodes by id (host eviction scans them), host slot -> node, host KV rows held, and the ids
+        # a load-back in progress protects from host eviction
+        self.host_tier = config.host_tier
+        self.write_back = self.host_tier and config.host_write_policy == "write_back"
+        self.host_backup: HostBackup | None = None
+        self.host_only_nodes: dict[int, TreeNode] = {}
+        self.host_slot_owner: dict[int, TreeNode] = {}
+        self.host_kv_tokens = 0
+        self.host_pinned: set[int] = set()
 
     # ------------------------------------------------------------------------------------------ helpers
     def tick(self) -> int:
@@ -202,11 +230,22 @@ class RadixTree:
         assert parent is not None
         key, value, extra_key = child.key, child.value, child.extra_key
         head = key_slice(key, 0, num_tokens)
-        new = self._new_node(head, value[:num_tokens], parent, child.depth - len(key) + num_tokens, extra_key)
+        if value is None:  # a host-only edge: both halves stay host-only
+            new = self._new_node(head, None, parent, child.depth - len(key) + num_tokens, extra_key)
+            new.host_children = 1
+            self.host_only_nodes[new.id] = new
+        else:
+            new = self._new_node(
+                head, value[:num_tokens], parent, child.depth - len(key) + num_tokens, extra_key
+            )
+            child.value = value[num_tokens:]
         new.full_lock_ref = child.full_lock_ref
+        if child.host_kv is not None:  # the host copy splits with the edge (the tiers stay subtrees)
+            new.host_kv = child.host_kv[:num_tokens]
+            child.host_kv = child.host_kv[num_tokens:]
+        new.hit_count = child.hit_count
         rest = key_slice(key, num_tokens, len(key))
         child.key = rest
-        child.value = value[num_tokens:]
         child.parent = new
         parent.children[self._child_key(head, 0, extra_key)] = new  # the slot the child hung from
         new.children[self._child_key(rest, 0, extra_key)] = child
@@ -247,6 +286,8 @@ class RadixTree:
         best_idx = len(path) - 1
         while best_idx >= 0 and path[best_idx].mamba_slot is None:
             best_idx -= 1
+        if self.host_tier:  # KV matched on the device only (host-only nodes end every path)
+            pos = self.device_len(path)
         if best_idx < 0:  # no hit: the shared empty tensor (nothing can be written into zero elements)
             return TreeMatch((), self.root, 0, pos, self._no_kv)
         best = path[best_idx]
@@ -257,6 +298,30 @@ class RadixTree:
             self.index.touch_mamba(best, now)
         # the KV stays in the nodes' chunks until the caller asks for one tensor (or writes them out)
         return TreeMatch(tuple([node.value for node in path[: best_idx + 1]]), best, best.depth, pos)
+
+    def device_len(self, path: Sequence[TreeNode]) -> int:
+        """Tokens of ``path`` (a walk's, top-down from the root) whose KV is on the device: up to the first
+        host-only node (the device nodes form a subtree from the root). O(path)."""
+        for node in path:
+            if node.value is None:
+                return node.depth - len(node.key)
+        return path[-1].depth if path else 0
+
+    def host_extension(self, walk: Walk) -> tuple[TreeNode | None, int]:
+        """The host tier's part of ``walk`` (read-only): the deepest node of its fully matched path holding a
+        checkpoint on either tier, when its checkpoint is on the host only and it lies deeper than the
+        deepest device checkpoint (None otherwise), and that device checkpoint's depth. O(path)."""
+        path = walk.path[: len(walk.path) - 1] if walk.partial else walk.path
+        device_best = 0
+        target = None
+        for node in path:
+            if node.mamba_slot is not None:
+                device_best = node.depth
+            if node.host_slot is not None or node.mamba_slot is not None:
+                target = node
+        if target is None or target.mamba_slot is not None or target.depth <= device_best:
+            return None, device_best
+        return target, device_best
 
     # ------------------------------------------------------------------------------------------- insert
     def insert(
@@ -303,6 +368,11 @@ class RadixTree:
                 f"prev_prefix_len={prev_prefix_len} but the tree holds only {pos + partial} tokens of this "
                 "key; pass the length of the locked prefix the request matched (cache_protected_len)"
             )
+        if self.host_tier and prev_prefix_len and self.device_len(path) - start.depth < prev_prefix_len:
+            raise InvalidArgument(
+                f"prev_prefix_len={prev_prefix_len} reaches into host-only KV (the device holds "
+                f"{self.device_len(path) - start.depth} tokens of this key); pass the matched device prefix"
+            )
         now = self.tick()
         if num_tokens == 0:
             return TreeInsert(start.depth, True, start, _empty_kv(self.device), [])
@@ -312,9 +382,21 @@ class RadixTree:
         if start is not self.root:  # the prefix above is part of this insert's path
             path = [*reversed(list(self.path_to_root(start))), *path]
         self.index.touch(path, now)
+        revived = None
+        dup_end = pos
+        if self.host_tier and path and path[-1].value is None:
+            # host-only nodes on the path take the caller's KV as their device copy (SGLang revives them)
+            dup_end = self.device_len(path) - start.depth
+            chunks = [
+                value[n.depth - start.depth - len(n.key) : n.depth - start.depth].clone()
+                for n in path
+                if n.value is None
+            ]
+            self.promote([n for n in path if n.value is None], chunks)
+            revived = torch.cat(chunks)
         # The caller's KV at [prev_prefix_len, pos) duplicates the tree's: hand it back for freeing.
-        if pos > prev_prefix_len:
-            duplicate_kv = value[prev_prefix_len:pos]
+        if dup_end > prev_prefix_len:
+            duplicate_kv = value[prev_prefix_len:dup_end]
         else:  # nothing duplicated, the common case of a hand-over: a shared empty tensor (~2 us saved)
             duplicate_kv = self._no_kv if value.device == self.device else _empty_kv(value.device)
         if self.config.mamba_lru_refresh == "path":
@@ -326,14 +408,16 @@ class RadixTree:
             leaf_kv = value.clone() if pos == 0 else value[pos:].clone()  # a torch slice costs ~2 us
             end = self._add_leaf(end, leaf_key, leaf_kv, mamba_slot, key.extra_key, now)
             return TreeInsert(
-                start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end), leaf_kv
+                start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end), leaf_kv, revived
             )
         if end.mamba_slot is None:
             self._set_checkpoint(end, mamba_slot, now)
         else:
             self.index.touch_mamba(end, now)
-            return TreeInsert(start.depth + pos, True, end, duplicate_kv, [])
-        return TreeInsert(start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end))
+            return TreeInsert(start.depth + pos, True, end, duplicate_kv, [], None, revived)
+        return TreeInsert(
+            start.depth + pos, False, end, duplicate_kv, self._enforce_path_cap(end), None, revived
+        )
 
     def _add_leaf(
         self,
@@ -345,7 +429,7 @@ class RadixTree:
         now: int,
     ) -> TreeNode:
         leaf = self._new_node(key, value, parent, parent.depth + len(key), extra_key)
-        was_leaf = not parent.children
+        was_leaf = len(parent.children) == parent.host_children  # a device leaf (host-only children aside)
         parent.children[self._child_key(key, 0, extra_key)] = leaf
         leaf.last_access = now
         self.full_evictable_size += len(key)
@@ -512,6 +596,8 @@ class RadixTree:
                 freed.slots.append(node.mamba_slot)
                 freed.num_states += 1
                 node.mamba_slot = None
+            if node.host_kv is not None:  # the host tier: its host copies go with it
+                self._drop_host_copies(node, freed)
             self.index.update(parent)
             if (
                 parent is self.root
@@ -546,7 +632,10 @@ class RadixTree:
             # a KV-only leaf is never the end of a hit: its loss is free, so it is not reported
             if observe is not None and leaf.mamba_slot is not None:
                 observe("kv", now - leaf.last_access)
-            self._remove_leaf(leaf, freed)
+            if self.host_tier:
+                self._evict_device_leaf(leaf, freed)
+            else:
+                self._remove_leaf(leaf, freed)
         while freed.num_states < num_states:
             node = self._next_mamba_victim()
             if node is None:
@@ -556,15 +645,198 @@ class RadixTree:
             if node.kv_lock_ref:  # the checkpoint a decoding request did not lock (skip_decode_lock)
                 self.checkpoints_dropped_under_kv_lock += 1
             if node.children or node.full_lock_ref:  # a locked leaf: only a KV-only lock, its KV stays
+                if self.write_back and node.host_slot is None and self.host_backup is not None:
+                    self.host_backup.backup_state(node)  # the checkpoint keeps a host copy
                 self._drop_checkpoint(node, freed)
+            elif self.host_tier:
+                self._evict_device_leaf(node, freed)
             else:
                 self._remove_leaf(node, freed)
         return freed
+
+    # ---------------------------------------------------------------------------------------- host tier
+    def set_host_copy(
+        self, node: TreeNode, host_kv: torch.Tensor | None = None, host_slot: int | None = None
+    ) -> None:
+        """Record a host copy the host tier's owner just made of ``node``'s KV (``host_kv``, host KV indices,
+        one per token) and/or checkpoint (``host_slot``). Trusted (the cache's backup): the node holds no
+        copy of that kind yet and its parent's KV has one (or is the root). O(1)."""
+        if host_kv is not None:
+            assert node.host_kv is None and host_kv.numel() == len(node.key)
+            assert node.parent is self.root or node.parent.host_kv is not None  # type: ignore[union-attr]
+            node.host_kv = host_kv
+            self.host_kv_tokens += len(node.key)
+        if host_slot is not None:
+            assert node.host_slot is None and host_slot not in self.host_slot_owner
+            node.host_slot = host_slot
+            self.host_slot_owner[host_slot] = node
+
+    def _drop_host_copies(self, node: TreeNode, freed: Freed) -> None:
+        """Hand ``node``'s host copies to ``freed`` (the node is leaving the tree). O(1)."""
+        if node.host_kv is not None:
+            freed.host_kv.append(node.host_kv)
+            freed.num_host_tokens += len(node.host_kv)
+            self.host_kv_tokens -= len(node.host_kv)
+            node.host_kv = None
+        if node.host_slot is not None:
+            del self.host_slot_owner[node.host_slot]
+            freed.host_slots.append(node.host_slot)
+            node.host_slot = None
+
+    def _evict_device_leaf(self, leaf: TreeNode, freed: Freed) -> None:
+        """Device eviction of an unlocked device leaf with the host tier on: demote it (device KV and
+        checkpoint released, the node kept as host-only) when it has a host copy of its KV (under
+        ``write_back``, made now if the host has room) and is worth keeping there (a checkpoint's host copy,
+        or host-only children); else remove it as without the tier. O(log n) plus the copy."""
+        backup = self.host_backup
+        if self.write_back and backup is not None:
+            # the host copies stay a subtree from the root: ancestors without one are copied first, top-down
+            # (SGLang's write_back copies the victim alone; ours also keeps its ancestors' KV on the host)
+            chain = []
+            node = leaf
+            while node is not self.root and node.host_kv is None:
+                chain.append(node)
+                node = node.parent  # type: ignore[assignment]
+            for node in reversed(chain):
+                if not backup.backup_kv(node):
+                    break
+            if leaf.host_kv is not None and leaf.mamba_slot is not None and leaf.host_slot is None:
+                backup.backup_state(leaf)
+        if leaf.host_kv is None or (not leaf.children and leaf.host_slot is None):
+            self._remove_leaf(leaf, freed)
+            return
+        self.version += 1
+        freed.kv.append(leaf.value)  # type: ignore[arg-type]
+        freed.num_tokens += len(leaf.key)
+        self.full_evictable_size -= len(leaf.key)
+        leaf.value = None
+        if leaf.mamba_slot is not None:
+            del self.slot_owner[leaf.mamba_slot]
+            self.mamba_evictable_size -= 1
+            freed.slots.append(leaf.mamba_slot)
+            freed.num_states += 1
+            leaf.mamba_slot = None
+        self.host_only_nodes[leaf.id] = leaf
+        self.index.update(leaf)  # out of both sets: a host-only node is no device candidate
+        parent = leaf.parent
+        assert parent is not None
+        parent.host_children += 1
+        self.index.update(parent)  # it may have become a device leaf
+
+    def promote(self, nodes: Sequence[TreeNode], values: Sequence[torch.Tensor]) -> None:
+        """Make host-only ``nodes`` (top-down, each the previous one's child or the first one's parent
+        device-resident) device-resident with the device KV indices ``values`` (now the tree's); their
+        host copies stay. Trusted: the caller (an insert, a load-back) allocated or owns the indices.
+        O(nodes * log n)."""
+        if not nodes:
+            return
+        self.version += 1
+        for node, value in zip(nodes, values, strict=True):
+            assert node.value is None and value.numel() == len(node.key)
+            parent = node.parent
+            assert parent is not None and parent.value is not None
+            node.value = value
+            del self.host_only_nodes[node.id]
+            parent.host_children -= 1
+            if node.full_lock_ref == 0:
+                self.full_evictable_size += len(node.key)
+            else:  # pragma: no cover - a host-only node holds no lock (invariant)
+                self.full_protected_size += len(node.key)
+            self.index.update(parent)
+            self.index.update(node)
+
+    def count_hit(self, node: TreeNode) -> int:
+        """Count one hit on ``node`` for the host write policy (write_through_selective); its new count.
+        O(1)."""
+        node.hit_count += 1
+        return node.hit_count
+
+    def set_device_checkpoint(self, node: TreeNode, mamba_slot: int) -> None:
+        """Give device-resident ``node`` (a tombstone on the device) the checkpoint ``mamba_slot`` loaded
+        from its host copy. Trusted. O(log n)."""
+        assert node.value is not None and node.mamba_slot is None and mamba_slot not in self.slot_owner
+        self._set_checkpoint(node, mamba_slot, node.mamba_last_access)
+
+    def evict_host(self, num_tokens: int = 0, num_slots: int = 0) -> Freed:
+        """Remove host-only leaves, least recently used first (the deeper of a tie first; a load-back's
+        :attr:`host_pinned` nodes are skipped), until ``num_tokens`` host KV rows and ``num_slots`` host
+        state slots were released or none is left. A host-only parent left without children and without a
+        host checkpoint goes too; a device tombstone left a leaf goes with its device KV unless the config
+        keeps KV-only leaves. Returns what to free (host and device); frees nothing. O(victims * host-only
+        nodes): a scan per victim (the first slice; no ordered host index yet)."""
+        check_count(num_tokens, "num_tokens")
+        check_count(num_slots, "num_slots")
+        freed = Freed()
+        pinned = self.host_pinned
+        while freed.num_host_tokens < num_tokens or len(freed.host_slots) < num_slots:
+            victim = None
+            best: tuple[int, int, int] | None = None
+            for node in self.host_only_nodes.values():
+                if node.children or node.id in pinned:
+                    continue
+                key = (node.last_access, -node.depth, node.id)
+                if best is None or key < best:
+                    best, victim = key, node
+            if victim is None:
+                break
+            self._remove_host_leaf(victim, freed)
+        return freed
+
+    def _remove_host_leaf(self, node: TreeNode, freed: Freed) -> None:
+        """Detach host-only leaf ``node`` and its host copies, then the cascade of :meth:`evict_host`."""
+        while True:
+            self.version += 1
+            parent = node.parent
+            assert parent is not None and node.value is None and not node.children
+            del parent.children[self._child_key(node.key, 0, node.extra_key)]
+            parent.host_children -= 1
+            del self.host_only_nodes[node.id]
+            self.index.remove(node)
+            node.parent = None
+            node.owner = None
+            self.num_nodes -= 1
+            self._drop_host_copies(node, freed)
+            self.index.update(parent)
+            if parent is self.root or parent.children or parent.id in self.host_pinned:
+                return
+            if parent.value is None:
+                if parent.host_slot is not None:
+                    return
+                node = parent  # a host-only tombstone left a leaf: useless, it goes too
+                continue
+            if (
+                parent.mamba_slot is None
+                and parent.full_lock_ref == 0
+                and not self.config.mamba_kv_only_leaves
+            ):
+                self._remove_leaf(parent, freed)  # invariant 1: no device tombstone leaf
+            return
 
     # ------------------------------------------------------------------------------------------ display
     def pretty_print(self, max_tokens: int = 8) -> str:
         """A readable dump: a header with the sizes, then one line per node with tokens, KV span, slot,
         locks and stamps (:func:`mamba_radix.tree_view.format_nodes`). O(n log n)."""
+        if self.host_tier:
+            return self._pretty_print_tiers()
+        return self._pretty_print(max_tokens)
+
+    def _pretty_print_tiers(self) -> str:
+        """:meth:`pretty_print` with the host tier on: one line per node with its residency. O(n)."""
+        lines = [
+            f"RadixTree(host tier, nodes={self.num_nodes}, clock={self.clock}, host KV={self.host_kv_tokens} "
+            f"tokens, host slots={len(self.host_slot_owner)})"
+        ]
+        for node in self.nodes():
+            where = (
+                "host" if node.value is None else ("device+host" if node.host_kv is not None else "device")
+            )
+            lines.append(
+                f"  node {node.id} depth={node.depth} tokens={len(node.key)} kv={where} slot={node.mamba_slot} "
+                f"host_slot={node.host_slot} locks={node.full_lock_ref}/{node.mamba_lock_ref}/{node.kv_lock_ref}"
+            )
+        return "\n".join(lines)
+
+    def _pretty_print(self, max_tokens: int = 8) -> str:
         header = (
             f"RadixTree(page_size={self.page_size}, nodes={self.num_nodes}, clock={self.clock}, "
             f"full evictable/protected={self.full_evictable_size}/{self.full_protected_size} tokens, "

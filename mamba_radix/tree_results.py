@@ -97,13 +97,19 @@ class TreeInsert(NamedTuple):
     duplicate_kv: torch.Tensor  # caller's indices at positions >= prev_prefix_len the tree already had
     capped_slots: list[int]  # checkpoints dropped by the per-path cap
     new_kv: torch.Tensor | None = None  # the new leaf's KV indices (now the tree's); None: no new leaf
+    # host tier: the caller's KV that host-only nodes on the path took as their device copy (now the tree's)
+    revived_kv: torch.Tensor | None = None
 
 
 @dataclass
 class Freed:
-    """Memory an eviction released from the tree; the cache returns it to the pools."""
+    """Memory an eviction released from the tree; the cache returns it to the pools. The host fields are
+    the host tier's (host KV indices, host state slots), empty while it is off."""
 
     kv: list[torch.Tensor] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     num_tokens: int = 0
     num_states: int = 0
+    host_kv: list[torch.Tensor] = field(default_factory=list)
+    host_slots: list[int] = field(default_factory=list)
+    num_host_tokens: int = 0
