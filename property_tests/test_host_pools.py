@@ -12,6 +12,7 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from test_cpu_copy import fill_random_bytes, raw
 
 from mamba_radix.errors import InvalidArgument, InvalidIndex, OutOfMemory, OutOfSlots
 from mamba_radix.pools import MambaPool, MHATokenToKVPool, MLATokenToKVPool
@@ -22,16 +23,6 @@ SLOTS = 6
 HOST_SLOTS = 4
 KV_ROWS = 32
 HOST_ROWS = 20
-
-
-def fill_random_bytes(tensor: torch.Tensor, seed: int) -> None:
-    raw = tensor.view(torch.uint8)
-    gen = torch.Generator().manual_seed(seed)
-    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-
-
-def raw(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.contiguous().view(torch.uint8).clone()
 
 
 def state_pool(seed: int = 0) -> MambaPool:
