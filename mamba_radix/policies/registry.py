@@ -191,6 +191,18 @@ POLICIES: dict[str, PolicySpec] = _by_name(
         lambda config, ctx: Sift2(),
     ),
     PolicySpec(
+        "sift3",
+        "ours",
+        "Sift2 with one value estimate for checkpoints and KV (issue 31): a checkpoint's chance of a hit, "
+        "learned online per kind and per request feature (prompt-length octave, continued a cached "
+        "prefix or not; live never-hit checkpoints counted as misses), orders the KV leaves that hold it "
+        "(GreedyDual: the KV clock at the leaf's last touch plus that chance relative to the best kind's) "
+        "and sets the checkpoints' eviction classes, after 256 hand-overs (Sift2's order before).",
+        "Online (no future knowledge); SGLang 0.5.23's rules otherwise.",
+        _current,
+        lambda config, ctx: Sift3(),
+    ),
+    PolicySpec(
         "oracle",
         "offline",
         "Offline reference: Belady's MIN over checkpoints and KV leaves with oracle admission (a "
@@ -216,19 +228,6 @@ VARIANTS: dict[str, PolicySpec] = _by_name(
         "Online (the session id of a request is known when it arrives); SGLang 0.5.23's rules otherwise.",
         _current,
         lambda config, ctx: Sift2Sessions([r.session_id for r in ctx.requests]),
-    ),
-    PolicySpec(
-        "sift3",
-        "ours",
-        "Sift2 with one value estimate for checkpoints and KV (issue 31): a checkpoint's chance of a hit, "
-        "learned online per kind and per request feature (prompt-length octave, continued a cached "
-        "prefix or not; live never-hit checkpoints counted as misses), orders the KV leaves that hold it "
-        "(GreedyDual: the KV clock at the leaf's last touch plus that chance relative to the best kind's) "
-        "and sets the checkpoints' eviction classes, after 256 hand-overs (Sift2's order before).",
-        "Online (no future knowledge); SGLang 0.5.23's rules otherwise. A variant, not in the main job's "
-        "'all' (its committed reference stays Sift2's).",
-        _current,
-        lambda config, ctx: Sift3(),
     ),
 )
 
