@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["COST_PRESETS", "COST_PRESET_PROVENANCE", "CostModel"]
+__all__ = [
+    "COST_PRESETS",
+    "COST_PRESET_PROVENANCE",
+    "DEFAULT_HOST_LINK",
+    "HOST_LINK_PRESETS",
+    "HOST_LINK_PROVENANCE",
+    "CostModel",
+    "HostLink",
+]
 
 
 @dataclass(frozen=True)
@@ -79,5 +87,40 @@ COST_PRESET_PROVENANCE: dict[str, str] = {
         "batch grows (80 GB / 3.8 TB/s ~ 21 ms over ~200 requests: ~0.1 ms each), the request's KV (12 "
         "layers x 2 KV heads x 256 x 2 x 2 B = 24,576 B per token; ~20k tokens ~ 0.13 ms) and its GDN "
         "state read and written (36 x 32 x 128 x 128 x 4 B ~ 75 MB, twice ~ 0.04 ms) -> 0.3 ms"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """The host<->device link of the host tier: ``gb_per_s`` per direction (GB = 1e9 bytes, as link
+    speeds are quoted). Used by the simulator to time load-backs; a backup (device -> host) is counted in
+    bytes but never delays a forward (it overlaps compute)."""
+
+    name: str
+    gb_per_s: float
+
+    def transfer_s(self, num_bytes: int) -> float:
+        """Seconds to move ``num_bytes`` one way at the link's speed. O(1)."""
+        return num_bytes / (self.gb_per_s * 1e9)
+
+
+# Named links (``--host-link``); ``--host-link-gbps`` overrides the number. Achievable per-direction
+# bandwidth of pinned-memory copies, not the raw signalling rate.
+HOST_LINK_PRESETS: dict[str, HostLink] = {
+    "pcie5-x16": HostLink("pcie5-x16", 52.0),
+    "gh200-c2c": HostLink("gh200-c2c", 450.0),
+}
+DEFAULT_HOST_LINK = "pcie5-x16"
+
+HOST_LINK_PROVENANCE: dict[str, str] = {
+    "pcie5-x16": (
+        "assumed, not measured: PCIe 5.0 x16 signals 32 GT/s x 16 lanes = 64 GB/s raw per direction (63 GB/s "
+        "after 128b/130b encoding); pinned host<->device copies achieve ~50-55 GB/s on H100/H200-class hosts "
+        "(protocol overhead), so 52 GB/s per direction"
+    ),
+    "gh200-c2c": (
+        "NVIDIA's GH200 datasheet: NVLink-C2C 900 GB/s total, i.e. 450 GB/s per direction; the peak, taken "
+        "as achieved (no measurement in the seeds)"
     ),
 }

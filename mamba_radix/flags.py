@@ -197,6 +197,18 @@ def _choices(name: str) -> tuple[str, ...]:
     return FIELD_CHOICES[name]
 
 
+def _host_write_policies() -> tuple[str, ...]:
+    from mamba_radix.config import HOST_WRITE_POLICIES
+
+    return HOST_WRITE_POLICIES
+
+
+def _host_links() -> tuple[str, ...]:
+    from mamba_radix.cost_model import HOST_LINK_PRESETS
+
+    return tuple(HOST_LINK_PRESETS)
+
+
 def _cache_flags() -> list[Flag]:
     from mamba_radix.config import STRATEGIES
 
@@ -242,6 +254,16 @@ def _cache_flags() -> list[Flag]:
          "unified memory: who gives way when the sides meet: sglang (the requester evicts its own, a state "
          "shortfall then KV), older_victim (the older LRU victim of the two), floor (each side keeps half "
          "its start-up share)", ALL, False),
+        # the host tier (SGLang's HiCache; docs/host-tier.md): both sizes 0 = off
+        ("--host-kv-tokens", int_in(0, 1 << 31),
+         "host tier: rows of the host KV pool (with --host-state-slots; 0 = no host tier)", SIM, False),
+        ("--host-state-slots", int_in(0, 1 << 24),
+         "host tier: slots of the host state pool (with --host-kv-tokens; 0 = no host tier)", SIM, False),
+        ("--host-write-policy", choice(_host_write_policies()),
+         "host tier: when a node gets its host copy: write_through (at insert), write_through_selective "
+         "(at its Nth hit) or write_back (at device eviction)", SIM, False),
+        ("--host-write-through-threshold", int_in(1, 1 << 20),
+         "host tier: write_through_selective's hit count before a backup", SIM, False),
     ]  # fmt: skip
     out = []
     for flag, kind, text, commands, switch in rows:
@@ -364,6 +386,16 @@ def _other_flags() -> list[Flag]:
         Flag("--decode-step-per-req-s", "cost", float_in(0.0, 1e3),
              "cost model: extra seconds per decode step per running request", SIM, "engine",
              default_text="cost:decode_step_per_req_s"),
+        Flag("--host-link", "options", choice(_host_links()),
+             "host tier: the host<->device link that times load-backs: pcie5-x16 (52 GB/s per direction, "
+             "assumed achievable) or gh200-c2c (450 GB/s per direction); mamba_radix.cost_model.HOST_LINK_PRESETS",
+             SIM, "cache", default_text="pcie5-x16", metavar="NAME"),
+        Flag("--host-link-gbps", "options", float_in(0.0, 1e5, lo_open=True),
+             "host tier: the link's GB/s per direction (overrides --host-link's number)", SIM, "cache",
+             default_text="the link preset's"),
+        Flag("--host-memory-ratio", "options", float_in(0.0, 1e3),
+             "host tier: size both host pools at R x the device pools (KV tokens and state slots), instead of "
+             "--host-kv-tokens / --host-state-slots (0 = no host tier)", SIM, "cache", metavar="R"),
         Flag("--peer", "peer", _peer, "a peer preset: another system's cache rules as config changes "
              "(mamba_radix.peers; marconi-static is Marconi's admission with the static flop_weighted key, "
              "not the experiment's policy marconi), applied after the other flags; a flag it sets to another value "

@@ -414,7 +414,7 @@ def _write_per_request(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 def _format_summary(rec: dict[str, Any]) -> str:
     """The table ``simulate`` prints for one record: the cache's figures, then the time lines
     (:func:`mamba_radix.sim.metrics.serving_lines`)."""
-    from mamba_radix.sim.metrics import serving_lines
+    from mamba_radix.sim.metrics import host_tier_lines, serving_lines
 
     m, pools, stats = rec["metrics"], rec["pools"], rec["cache_stats"]
 
@@ -454,6 +454,7 @@ def _format_summary(rec: dict[str, Any]) -> str:
         ),
         f"token hit rate      {pct(m['token_hit_rate'])}   (ideal {pct(m['ideal_hit_rate'])}, "
         f"{pct(m['fraction_of_ideal'])} of it)",
+        *host_tier_lines(m),  # per-tier hits and bytes moved (none without the host tier)
         f"KV-only matched     {m['kv_only_matched_tokens']:,} tokens",
         f"recomputed          {m['recomputed_tokens']:,} tokens (ideal - hit)",
         f"checkpoints         {stats.get('checkpoints_inserted', '-')} inserted, "

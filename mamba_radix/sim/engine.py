@@ -73,6 +73,16 @@ end. The time of step k is the jump's start plus ``k - start`` step times. A pre
 its batch is scheduled, with the batch's KV allocated. With ``log_every`` 0 nothing is computed (one
 ``is None`` test per prefill batch and per decode jump).
 
+**The host tier** (``host_kv_tokens`` / ``host_state_slots``, or ``EngineOptions.host_memory_ratio`` x the
+device pools; off by default, and then nothing here runs). The cache demotes, backs up and loads back
+(:mod:`mamba_radix.cache`, ``docs/host-tier.md``); the engine times it. Every prefill batch waits for the
+host->device bytes loaded since the previous batch (the cache's ``host_stats`` times the run's bytes per KV
+token and state slot) at the link's speed (:class:`~mamba_radix.cost_model.HostLink`), less the part that
+fits in the previous forward's compute time (the load was issued during it); that part is counted as
+overlapped, the rest lengthens the batch and so its requests' TTFT. After an idle gap nothing overlaps.
+Backups are counted in bytes and delay nothing. Each admission peeks the device hit first (O(L)), so a
+load-back's share of the hit is counted as a host hit (:class:`~mamba_radix.sim.metrics.HostTierMetrics`).
+
 **Serving metrics** (timed mode; :class:`~mamba_radix.sim.metrics.RunMetrics`): duration from the first
 send to the last finish, request and token throughputs, TTFT, TPOT (``(latency - TTFT) / (output_len -
 1)``, requests with at least 2 output tokens), mean ITL and end-to-end latency, bench_serving's
@@ -93,18 +103,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from mamba_radix.config import CacheConfig
-from mamba_radix.cost_model import CostModel
+from mamba_radix.cost_model import DEFAULT_HOST_LINK, HOST_LINK_PRESETS, CostModel, HostLink
 from mamba_radix.errors import ConfigError, MambaRadixError
 from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import KVAllocator
+from mamba_radix.radix_key import RadixKey
 from mamba_radix.request import Req
 from mamba_radix.sim.budget import PoolSizes, request_rows, unified_pools
 from mamba_radix.sim.capacity_limit import LimitedMambaPool, limited_kv_allocator
 from mamba_radix.sim.client import Arrival, Client
 from mamba_radix.sim.ideal import IdealHit, ideal_for
 from mamba_radix.sim.memory import LARGE_KV_TOKENS, release_memory
-from mamba_radix.sim.metrics import PoolSample, RunMetrics
+from mamba_radix.sim.metrics import HostTierMetrics, PoolSample, RunMetrics
 from mamba_radix.sim.scheduler_view import PoolView, SchedulerLog
 from mamba_radix.sim.split import AdaptiveSplit, SplitOptions
 from mamba_radix.sim.stamps import StampIO
@@ -131,6 +142,42 @@ Mode = Literal["timed", "sequential"]
 SIM_STATE_LAYERS = 1
 SIM_CONV_SHAPES = [(8,)]  # bf16: 16 bytes
 SIM_TEMPORAL_SHAPE = (4,)  # float32: 16 bytes
+
+
+def _host_sized(config: CacheConfig, pools: PoolSizes, options: EngineOptions) -> CacheConfig:
+    """``config`` with its host pools at ``options.host_memory_ratio`` x the device pools (KV tokens
+    rounded down to whole pages, at least one page and one slot), or as it is without a ratio. Raises
+    :class:`ConfigError` for a ratio together with explicit host pool sizes. O(1)."""
+    ratio = options.host_memory_ratio
+    if ratio is None:
+        return config
+    if config.host_tier:
+        raise ConfigError(
+            "host_memory_ratio sizes the host pools itself; drop it or host_kv_tokens / host_state_slots"
+        )
+    if ratio == 0:
+        return config
+    page = config.page_size
+    kv = max(page, int(ratio * pools.kv_tokens) // page * page)
+    slots = max(1, int(ratio * pools.state_slots))
+    return config.replace(host_kv_tokens=kv, host_state_slots=slots)
+
+
+def _host_link(config: CacheConfig, options: EngineOptions) -> HostLink | None:
+    """The link that times load-backs (None without the host tier). Raises :class:`ConfigError` for link
+    options without the tier (they would do nothing). O(1)."""
+    if not config.host_tier:
+        if options.host_link is not None or options.host_link_gbps is not None:
+            raise ConfigError(
+                "host_link and host_link_gbps time the host tier's transfers; set host_kv_tokens and "
+                "host_state_slots (or host_memory_ratio) > 0, or drop them"
+            )
+        return None
+    preset = HOST_LINK_PRESETS[options.host_link or DEFAULT_HOST_LINK]
+    if options.host_link_gbps is None:
+        return preset
+    name = options.host_link or "custom"
+    return HostLink(name, float(options.host_link_gbps))
 
 
 def check_simulable(config: CacheConfig) -> None:
@@ -171,6 +218,13 @@ class EngineOptions:
     # prefill batch, written to ``log`` (None: print); 0 = no log
     log_every: int = 0
     log: Callable[[str], None] | None = None
+    # the host tier's link (mamba_radix.cost_model.HOST_LINK_PRESETS; None: the default preset) and its
+    # GB/s per direction (None: the preset's); only with the tier on
+    host_link: str | None = None
+    host_link_gbps: float | None = None
+    # both host pools at this multiple of the device pools (KV tokens, state slots); None: the config's
+    # host_kv_tokens / host_state_slots; 0: no host tier
+    host_memory_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.split, dict):  # from a JSON definition or a result record's params
@@ -195,6 +249,20 @@ class EngineOptions:
             raise ConfigError(f"log_every must be >= 0 decode steps (0 = no log), got {self.log_every!r}")
         if self.log is not None and not callable(self.log):
             raise ConfigError(f"log must be a callable taking one line (str), got {type(self.log).__name__}")
+        if self.host_link is not None and self.host_link not in HOST_LINK_PRESETS:
+            raise ConfigError(
+                f"host_link must be one of {', '.join(HOST_LINK_PRESETS)}, got {self.host_link!r}"
+            )
+        gbps = self.host_link_gbps
+        if gbps is not None and not (isinstance(gbps, (int, float)) and math.isfinite(gbps) and gbps > 0):
+            raise ConfigError(f"host_link_gbps must be a number > 0 (GB/s per direction), got {gbps!r}")
+        ratio = self.host_memory_ratio
+        if ratio is not None and not (
+            isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 0
+        ):
+            raise ConfigError(
+                f"host_memory_ratio must be a number >= 0 (host pools / device pools; 0: no host tier), got {ratio!r}"
+            )
         if self.cost.prefill_tokens_per_s <= 0 or self.cost.decode_step_s < 0:
             raise ConfigError(
                 "cost.prefill_tokens_per_s must be > 0 and cost.decode_step_s >= 0, "
@@ -266,9 +334,10 @@ class Engine:
             # the budget divided the state bytes into working and checkpoint slots: the cache's pool gets
             # the checkpoint part (None: the cache's default, twice the state slots)
             config = config.replace(checkpoint_slots=pool_checkpoints)
+        self.options = options or EngineOptions()
+        config = _host_sized(config, pools, self.options)
         self.config = config
         self.pools = pools
-        self.options = options or EngineOptions()
         check_simulable(config)
         if pools.kv_tokens >= LARGE_KV_TOKENS:
             # an engine built in a loop (Marconi's warm-up grid, a demand pass before the run) would
@@ -288,6 +357,11 @@ class Engine:
         # the capacity-limited pools of sim.capacity_limit (the split lends each part of the budget)
         kv_tokens, state_slots = pools.allocator_kv_tokens(config.page_size), pools.state_slots
         factories: dict[str, Any] = {}
+        if self.options.split is not None and config.host_tier:
+            raise ConfigError(
+                "the simulator does not model the host tier with an adaptive split; drop the split or set "
+                "host_kv_tokens=0"
+            )
         if self.options.split is not None:
             floor = max(self.options.split.min_kv_tokens, max_context_len + 1)
             self.split = AdaptiveSplit(
@@ -354,6 +428,19 @@ class Engine:
         # state slots a fresh request takes at admission: its live slot plus its track buffer
         self.max_context_len = max_context_len
         self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
+        # the host tier's transfer model: the link, the host->device bytes already timed, and the compute
+        # time of the last forward (a load issued during it overlaps it)
+        self.host_link = _host_link(config, self.options)
+        self._loaded_bytes_timed = 0
+        self._prev_forward_s = 0.0
+        if self.host_link is not None:
+            self.metrics.host_tier = HostTierMetrics(
+                self.host_link.name,
+                self.host_link.gb_per_s,
+                config.host_kv_tokens,
+                config.host_state_slots,
+                config.host_write_policy,
+            )
         # scheduler state
         self.now_s = 0.0
         self.global_step = 0
@@ -414,6 +501,7 @@ class Engine:
             if sequential:  # the next request "arrives" when the previous one is done: no queueing
                 if not client.done and not self.waiting and self.running == 0:
                     self.waiting.append((client.take_next()[0], self.now_s))
+                    self._prev_forward_s = 0.0  # the device idled: no forward to hide a load behind
             else:
                 client.send_due(self.now_s, self.waiting)
             # a prefill batch has priority over decode (SGLang without mixed chunks)
@@ -436,6 +524,8 @@ class Engine:
                 continue
             next_arrival_s = client.next_arrival_s()
             if next_arrival_s is not None:
+                if next_arrival_s > self.now_s:
+                    self._prev_forward_s = 0.0  # the device idles until the arrival
                 self.now_s = max(self.now_s, next_arrival_s)
                 continue
             if client.held:  # nothing outstanding, so every permit is free: an engine bug
@@ -444,6 +534,7 @@ class Engine:
                 )
             break
         self.metrics.sim_time_s = self.now_s
+        self._host_counters()
         if not sequential and client.first_send_s is not None:
             self.metrics.duration_s = self.now_s - client.first_send_s
         self._sample(force=True)
@@ -493,6 +584,10 @@ class Engine:
         output_ids = trace.output_ids
         req = Req(rid=trace.index, origin_input_ids=head.input_ids, extra_key=trace.extra_key)
         max_new_tokens = max(len(output_ids), 1)
+        device_hit = 0
+        if self.host_link is not None:  # the device hit before a load-back, to tell the tiers' hits apart
+            key = RadixKey.trusted(memoryview(head.input_ids)[: len(head.input_ids) - 1], trace.extra_key)  # type: ignore[arg-type]
+            device_hit = self.cache.peek_prefix(key).hit_len
         if not self.cache.admit(req, max_new_tokens):  # refused: nothing changed; ask why
             check = self.cache.can_admit(req, max_new_tokens)
             if check.ok:
@@ -523,6 +618,8 @@ class Engine:
             req.full_kv_hit_len,
             self._ideal_hits.pop(trace.index, 0),
         )
+        if self.host_link is not None and self.cache.take_load_plan(req) is not None:
+            self.metrics.record_host_hit(trace.index, req.cache_protected_len - device_hit)
         return sim
 
     # ------------------------------------------------------------------------------------------ prefill
@@ -580,12 +677,62 @@ class Engine:
                 len(self.decoding),
                 len(self.waiting),
             )
-        self.now_s += self.options.cost.prefill_s(tokens)
+        if self.host_link is not None:
+            self.now_s += self._load_wait_s()  # the forward waits for its load-backs
+        self._prev_forward_s = self.options.cost.prefill_s(tokens)
+        self.now_s += self._prev_forward_s
         for sim, _ in batch:
             if sim.req.kv_len == len(sim.input_ids):
                 self.prefilling.remove(sim)
                 self._first_token(sim)
         return True
+
+    def _load_wait_s(self) -> float:
+        """The host tier's transfer model for one prefill batch: the host->device bytes loaded since the
+        last batch (the cache's counters times the run's bytes per KV token and state slot) take
+        ``bytes / link`` seconds; the part that fits in the previous forward's compute time overlaps it, the
+        rest is returned (the batch waits for it). Counts both parts in the metrics. O(1)."""
+        assert self.host_link is not None and self.metrics.host_tier is not None
+        loaded = self._host_bytes()[0]
+        moved = loaded - self._loaded_bytes_timed
+        if moved <= 0:
+            return 0.0
+        self._loaded_bytes_timed = loaded
+        load_s = self.host_link.transfer_s(moved)
+        overlap_s = min(load_s, self._prev_forward_s)
+        self._prev_forward_s -= overlap_s  # a later load cannot hide behind the same compute again
+        host = self.metrics.host_tier
+        host.load_s += load_s
+        host.load_overlapped_s += overlap_s
+        host.load_overlapped_bytes += round(moved * overlap_s / load_s)
+        host.load_exposed_s += load_s - overlap_s
+        return load_s - overlap_s
+
+    def _host_bytes(self) -> tuple[int, int]:
+        """(host->device, device->host) bytes the host tier has moved so far on the model: the cache's
+        counters times the run's bytes per KV token and per state slot. O(1)."""
+        st = self.cache.host_stats
+        assert st is not None
+        kv_b, slot_b = self.pools.bytes_per_kv_token, self.pools.bytes_per_state_slot
+        return (
+            st.kv_loaded * kv_b + st.states_loaded * slot_b,
+            st.kv_backed_up * kv_b + st.states_backed_up * slot_b,
+        )
+
+    def _host_counters(self) -> None:
+        """Copy the cache's host counters and the bytes they moved into the run's metrics (end of run)."""
+        host, st = self.metrics.host_tier, self.cache.host_stats
+        if host is None or st is None:
+            return
+        host.load_backs, host.kv_tokens_loaded, host.states_loaded = (
+            st.host_hits,
+            st.kv_loaded,
+            st.states_loaded,
+        )
+        host.loads_skipped, host.backups_skipped = st.loads_skipped, st.backups_skipped
+        host.kv_tokens_backed_up, host.states_backed_up = st.kv_backed_up, st.states_backed_up
+        host.host_tokens_evicted = st.host_tokens_evicted
+        host.bytes_host_to_device, host.bytes_device_to_host = self._host_bytes()
 
     def _chunk_len(self, sim: _SimReq, budget: float) -> int:
         """The next chunk of ``sim`` within ``budget`` tokens, cut as SGLang's scheduler cuts it (the rest
@@ -716,6 +863,8 @@ class Engine:
                 self.global_step, target, self.now_s, step_s, len(self.decoding), self._log_line_at
             )
         self.now_s += steps * step_s
+        if steps > 0:
+            self._prev_forward_s = step_s
         self.global_step = target
         while self._events and self._events[0][0] <= target:
             step, _, sim = heapq.heappop(self._events)

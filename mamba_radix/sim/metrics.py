@@ -24,6 +24,15 @@ sequential mode, whose clock has no arrivals): ``duration_s`` from the first sen
 least 2 output tokens; ``itl_mean_ms`` = the mean gap between consecutive output tokens over all tokens
 (sum of ``latency - TTFT`` / sum of ``output_len - 1``). ITL's median and p99 are not given: they need
 every decode step's time per request, which decode jumps do not keep.
+
+Host tier (only when it is on; the summary has no ``host_tier`` key otherwise): the usable hit splits into
+``device_hit_tokens`` (already on the device at admission) and ``host_hit_tokens`` (reachable only through a
+load-back at admission: hit after - device hit before), and ``miss_tokens`` = input - hit, so the three add
+up to the input tokens. Bytes moved are the cache's host counters times the run's bytes per KV token and per
+state slot: ``bytes_host_to_device`` (load-backs) and ``bytes_device_to_host`` (backups, which overlap
+compute and delay nothing). ``load_s`` is the load-backs' time on the link; the part that fits in the
+previous forward's compute time is ``load_overlapped_s`` (and ``load_overlapped_bytes``), the rest,
+``load_exposed_s``, is added to the prefill batch that waits for it (its requests' TTFT).
 """
 
 from __future__ import annotations
@@ -33,7 +42,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PoolSample", "RunMetrics", "percentile", "result_record", "serving_lines"]
+__all__ = [
+    "HostTierMetrics",
+    "PoolSample",
+    "RunMetrics",
+    "host_tier_lines",
+    "percentile",
+    "result_record",
+    "serving_lines",
+]
 
 SAMPLE_FIELDS = (
     "time_s",
@@ -66,6 +83,94 @@ class PoolSample:
     slots_tree: int
     slots_reserved: int
     slot_capacity: int
+
+
+@dataclass
+class HostTierMetrics:
+    """The host tier's figures of one run (module docstring): per-request host hits from the engine,
+    transfer times from the engine's link model, and the cache's host counters copied at the end."""
+
+    link: str
+    link_gb_per_s: float
+    host_kv_tokens: int
+    host_state_slots: int
+    write_policy: str
+    host_hit_tokens: int = 0
+    host_hit_requests: int = 0
+    load_s: float = 0.0
+    load_overlapped_s: float = 0.0
+    load_overlapped_bytes: int = 0
+    load_exposed_s: float = 0.0
+    # the cache's counters (HostTierStats), set at the run's end
+    load_backs: int = 0
+    kv_tokens_loaded: int = 0
+    states_loaded: int = 0
+    loads_skipped: int = 0
+    kv_tokens_backed_up: int = 0
+    states_backed_up: int = 0
+    backups_skipped: int = 0
+    host_tokens_evicted: int = 0
+    bytes_host_to_device: int = 0
+    bytes_device_to_host: int = 0
+
+    def summary(self, input_tokens: int, cached_tokens: int) -> dict[str, Any]:
+        """Plain numbers, with the per-tier split of ``cached_tokens`` over ``input_tokens``. O(1)."""
+
+        def rate(x: int) -> float:
+            return x / input_tokens if input_tokens else 0.0
+
+        device = cached_tokens - self.host_hit_tokens
+        miss = input_tokens - cached_tokens
+        return {
+            "device_hit_tokens": device,
+            "host_hit_tokens": self.host_hit_tokens,
+            "miss_tokens": miss,
+            "device_hit_rate": rate(device),
+            "host_hit_rate": rate(self.host_hit_tokens),
+            "miss_rate": rate(miss),
+            "host_hit_requests": self.host_hit_requests,
+            "load_backs": self.load_backs,
+            "kv_tokens_loaded": self.kv_tokens_loaded,
+            "states_loaded": self.states_loaded,
+            "loads_skipped": self.loads_skipped,
+            "kv_tokens_backed_up": self.kv_tokens_backed_up,
+            "states_backed_up": self.states_backed_up,
+            "backups_skipped": self.backups_skipped,
+            "host_tokens_evicted": self.host_tokens_evicted,
+            "bytes_host_to_device": self.bytes_host_to_device,
+            "bytes_device_to_host": self.bytes_device_to_host,
+            "load_s": self.load_s,
+            "load_overlapped_s": self.load_overlapped_s,
+            "load_overlapped_bytes": self.load_overlapped_bytes,
+            "load_exposed_s": self.load_exposed_s,
+            "link": self.link,
+            "link_gb_per_s": self.link_gb_per_s,
+            "host_kv_tokens": self.host_kv_tokens,
+            "host_state_slots": self.host_state_slots,
+            "write_policy": self.write_policy,
+        }
+
+
+def host_tier_lines(summary: dict[str, Any]) -> list[str]:
+    """The ``simulate`` summary's host-tier lines from a summary's ``host_tier`` dict; none when the tier
+    is off (the key is absent). O(1), pure."""
+    h = summary.get("host_tier")
+    if not h:
+        return []
+    gib = 2**30
+    return [
+        f"host tier           {h['host_kv_tokens']:,} KV tokens, {h['host_state_slots']:,} state slots, "
+        f"{h['write_policy']}; link {h['link']} ({h['link_gb_per_s']:g} GB/s per direction)",
+        f"hits by tier        device {100 * h['device_hit_rate']:.2f}%, host {100 * h['host_hit_rate']:.2f}%, "
+        f"miss {100 * h['miss_rate']:.2f}% of input tokens ({h['host_hit_requests']:,} requests hit the host)",
+        f"host -> device      {h['load_backs']:,} load-backs, {h['kv_tokens_loaded']:,} KV tokens + "
+        f"{h['states_loaded']:,} states = {h['bytes_host_to_device'] / gib:.3f} GiB in {h['load_s']:.3f} s "
+        f"({h['load_overlapped_s']:.3f} s overlapped, {h['load_exposed_s']:.3f} s added to prefill); "
+        f"{h['loads_skipped']:,} skipped",
+        f"device -> host      {h['kv_tokens_backed_up']:,} KV tokens + {h['states_backed_up']:,} states = "
+        f"{h['bytes_device_to_host'] / gib:.3f} GiB backed up (overlapped); {h['backups_skipped']:,} skipped, "
+        f"{h['host_tokens_evicted']:,} host KV tokens evicted",
+    ]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -111,6 +216,7 @@ class RunMetrics:
     tpot_s: list[float] = field(default_factory=list)
     decode_s: float = 0.0  # sum over requests of latency - TTFT (ITL's numerator)
     decode_gaps: int = 0  # sum over requests of output_len - 1 (ITL's denominator)
+    host_tier: HostTierMetrics | None = None  # None: the host tier is off (no key in the summary)
 
     def record_admission(
         self, index: int, input_len: int, output_len: int, hit: int, kv_hit: int, ideal: int
@@ -130,6 +236,16 @@ class RunMetrics:
             self.per_request.append(
                 {"index": index, "input_len": input_len, "hit": hit, "kv_hit": kv_hit, "ideal": ideal}
             )
+
+    def record_host_hit(self, index: int, host_hit_tokens: int) -> None:
+        """The host tier's share of the hit of the request admitted last (``index``): tokens a load-back
+        made a device hit. O(1) (O(1) amortized with ``keep_per_request``)."""
+        if self.host_tier is None or host_hit_tokens <= 0:
+            return
+        self.host_tier.host_hit_tokens += host_hit_tokens
+        self.host_tier.host_hit_requests += 1
+        if self.keep_per_request and self.per_request and self.per_request[-1]["index"] == index:
+            self.per_request[-1]["host_hit"] = host_hit_tokens
 
     def record_first_token(self, index: int, ttft_s: float, queue_s: float) -> None:
         self.ttft_s.append(ttft_s)
@@ -201,7 +317,11 @@ class RunMetrics:
             "ttft_p99_s": percentile(self.ttft_s, 99),
             "queue_mean_s": sum(self.queue_s) / len(self.queue_s) if self.queue_s else None,
             **self.serving_summary(),
-        }
+        } | (
+            {}
+            if self.host_tier is None
+            else {"host_tier": self.host_tier.summary(self.input_tokens, self.cached_tokens)}
+        )
 
     def serving_summary(self) -> dict[str, Any]:
         """bench_serving's run-end metrics (module docstring); every value None but

@@ -130,6 +130,42 @@ def results_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def host_tier_table(records: Sequence[dict[str, Any]]) -> str | None:
+    """One markdown row per run with the host tier on: its host pools, write policy and link, the hit rate
+    by tier (device, host, miss: they add up to 100% of input tokens) and the bytes moved each way, with the
+    load-backs' time on the link (overlapped with the previous forward / added to prefill). None when no
+    run has the tier (the report then has no such section). O(runs)."""
+    tiered = [r for r in records if "error" not in r and r["metrics"].get("host_tier")]
+    if not tiered:
+        return None
+    header = [
+        "run", "host KV tokens", "host slots", "write policy", "link GB/s", "device hit %", "host hit %",
+        "miss %", "load-backs", "host->device GiB", "device->host GiB", "load s (overlapped/exposed)",
+    ]  # fmt: skip
+    rows = []
+    for r in tiered:
+        h = r["metrics"]["host_tier"]
+        rows.append(
+            [
+                r["run_id"],
+                _num(h["host_kv_tokens"]),
+                _num(h["host_state_slots"]),
+                h["write_policy"],
+                f"{h['link']} {h['link_gb_per_s']:g}",
+                _pct(h["device_hit_rate"]),
+                _pct(h["host_hit_rate"]),
+                _pct(h["miss_rate"]),
+                f"{h['load_backs']:,}",
+                _num(h["bytes_host_to_device"] / GIB, 3),
+                _num(h["bytes_device_to_host"] / GIB, 3),
+                f"{h['load_s']:.3f} ({h['load_overlapped_s']:.3f}/{h['load_exposed_s']:.3f})",
+            ]
+        )
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out)
+
+
 def compact_table(records: Sequence[dict[str, Any]]) -> str:
     """The headline columns only (for a README): one row per successful run (with a ``peer`` column and
     the checkpoint admission when any run has a peer)."""
@@ -478,6 +514,19 @@ def write_report(
         lines += reference_comparison(records, reference or [], reference_name or "the reference")
         lines.append("")
     lines += ["## Summary", "", compact_table(records), ""]
+    tiers = host_tier_table(records)
+    if tiers is not None:  # only runs with the host tier; a report without one is unchanged
+        lines += [
+            "## Host tier",
+            "",
+            "hit % by tier over input tokens: device = already on the device at admission, host = made a "
+            "device hit by a load-back, miss = computed; bytes on the model (bytes per KV token and state "
+            "slot); load s = load-backs' time on the link, overlapped with the previous forward / added to the "
+            "prefill that waited (backups overlap compute and are counted in bytes only).",
+            "",
+            tiers,
+            "",
+        ]
     lines += [
         "## All runs",
         "",

@@ -214,6 +214,9 @@ class RunSpec:
         out.update({k: getattr(dep, k) for k in sorted(DEPLOYMENT_FIELDS)})
         options = asdict(EngineOptions(**self.options))
         options.pop("log")  # a writer (simulate's stderr), no parameter and no JSON
+        for name in ("host_link", "host_link_gbps", "host_memory_ratio"):  # the host tier's, when off:
+            if options.get(name) is None:  # left out, so a record without the tier is what it was before
+                options.pop(name, None)
         out.update(options | {"cost": asdict(CostModel(**self.cost))})
         return out
 
