@@ -288,3 +288,19 @@ def test_rerunning_one_policy_replaces_its_rows_and_keeps_the_others(
         ex.rerun_policies(copy, _tiny(limit=7), ["sift"], processes=1, quiet=True)
     with pytest.raises(ConfigError, match="must be some of"):
         ex.rerun_policies(copy, _tiny(), ["marconi"], processes=1, quiet=True)
+
+
+def test_a_policy_new_to_the_folder_joins_in_the_definitions_order(
+    tiny_run: tuple[Path, dict[str, Any], list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    import shutil
+
+    folder, _, rows = tiny_run
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    info = json.loads((copy / "run_info.json").read_text())
+    info["policies"] = [p for p in info["policies"] if p != "sift"]  # a folder made before sift existed
+    (copy / "run_info.json").write_text(json.dumps(info))
+    (copy / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["policy"] != "sift"))
+    merged = ex.rerun_policies(copy, _tiny(), ["sift"], processes=1, quiet=True)
+    assert merged["policies"] == ["sglang-0.5.23", "sift", "oracle"]  # not appended after the oracle
