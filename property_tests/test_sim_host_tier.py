@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ import pytest
 from mamba_radix.cache import MambaRadixCache
 from mamba_radix.cli import main
 from mamba_radix.cost_model import HOST_LINK_PRESETS
-from mamba_radix.sim.report import write_report
+from mamba_radix.errors import ConfigError
+from mamba_radix.sim.report import load_records, write_report
+from mamba_radix.sim.sweep import expand_definition, load_definition
 
 BASE = ["simulate", "--synthetic", "chat", "--memory-budget-gb", "0.5", "--quiet"]
 
@@ -131,3 +134,67 @@ def test_sweep_takes_the_host_flags(tmp_path: Path) -> None:
     assert len(rows) == 1 and f"| {100 * h['host_hit_rate']:.2f} |" in rows[0]
     plain = [r for r in records if "host_tier" not in r["metrics"]]
     assert "## Host tier" not in write_report(plain, tmp_path / "plain").read_text()
+
+
+def test_bundled_host_tier_definition_loads_and_its_smallest_run_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundled ``host_tier`` definition: host memory at 0, 4x and 10x device for every workload, each
+    write policy, and a load-back plot in GiB; its smallest device budget on chat, tier off and on, runs
+    through ``experiment`` and the load-back plot draws the tiered run's bytes (the tier-off run has none)."""
+    import matplotlib.axes
+
+    path = files("mamba_radix") / "data" / "experiments" / "host_tier.json"
+    definition = load_definition(str(path))
+    specs = expand_definition(definition, check_traces=True)
+    by_workload: dict[str, set[float]] = {}
+    for s in specs:
+        by_workload.setdefault(s.group.split(":")[0], set()).add(s.options["host_memory_ratio"])
+    assert set(by_workload) == {"chat", "agent", "tree", "system-prompt", "conversation"}
+    assert all(ratios == {0, 4, 10} for ratios in by_workload.values())
+    policies = {s.config.get("host_write_policy") for s in specs if s.options["host_memory_ratio"]}
+    assert {"write_through", "write_back"} <= policies
+    # the smallest run: chat at its smallest budget, tier off and at 10x, on the first 40 requests
+    chat = [
+        g for g in definition["groups"] if g["name"] in ("chat: no host tier", "chat: host 10x, write_back")
+    ]
+    smallest = min(chat[0]["vary"]["budget_gib"])
+    small = definition | {
+        "groups": [g | {"vary": {"budget_gib": [smallest]}, "limit": 40} for g in chat],
+        # the load-back plot over both runs: the tier-off run must be left out, not drawn at 0 GiB
+        "plots": [
+            p | {"groups": [g["name"] for g in chat]}
+            for p in definition["plots"]
+            if p["file"].startswith("chat_")
+        ],
+    }
+    small_path = tmp_path / "small.json"
+    small_path.write_text(json.dumps(small))
+    drawn: list[list[float]] = []
+    plot = matplotlib.axes.Axes.plot
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) >= 2:
+            drawn.append([float(y) for y in args[1]])
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    out = tmp_path / "run"
+    assert (
+        main(["experiment", "--definition", str(small_path), "--out", str(out), "--jobs", "1", "--quiet"])
+        == 0
+    )
+    records = load_records(out / "results.jsonl")
+    off, on = sorted(records, key=lambda r: "host_tier" in r["metrics"])
+    assert "host_tier" not in off["metrics"]
+    h = on["metrics"]["host_tier"]
+    assert h["host_hit_tokens"] > 0 and on["metrics"]["token_hit_rate"] > off["metrics"]["token_hit_rate"]
+    assert (out / "chat_hit_vs_memory.png").is_file() and (out / "chat_load_back_vs_memory.png").is_file()
+    assert "## Host tier" in (out / "report.md").read_text()
+    # the load-back plot: the tiered run's bytes in GiB, one point (the tier-off run is left out, not a 0)
+    assert [h["bytes_host_to_device"] / (1 << 30)] in drawn and [0.0] not in drawn
+    # a unit the report cannot draw is refused before anything is written
+    bad = small | {"plots": [small["plots"][-1] | {"y_unit": "MB"}]}
+    with pytest.raises(ConfigError, match="y_unit must be 'GiB'"):
+        write_report(records, tmp_path / "bad", bad)
+    assert not (tmp_path / "bad").exists()

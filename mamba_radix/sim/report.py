@@ -4,10 +4,13 @@
 an optional experiment definition, and writes ``report.md`` plus one PNG per plot into a directory.
 Plots are described by the definition's ``plots`` list:
 
-- ``{"kind": "line", "file", "title", "groups", "where"?, "x", "series", "y"?, "logx"?, "categorical"?,
-  "references"?}``: ``y`` (a metric, default the token hit rate) against parameter ``x``, one line per
-  combination of the ``series`` parameters, over the runs of ``groups`` matching ``where`` (parameter ->
-  value, or list of allowed values); for hit rates
+- ``{"kind": "line", "file", "title", "groups", "where"?, "x", "series", "y"?, "y_unit"?, "markers"?,
+  "logx"?, "categorical"?, "references"?}``: ``y`` (a metric, default the token hit rate;
+  ``"host_tier.NAME"`` a field of the host tier's metrics, the runs without the tier left out) against
+  parameter ``x``, one line per combination of the ``series`` parameters, over the runs of ``groups``
+  matching ``where`` (parameter -> value, or list of allowed values); ``y_unit`` ``"GiB"`` draws a byte
+  count in GiB; ``markers`` true gives each series its own marker, smaller than the one before, so that
+  coinciding series stay visible, and puts the legend beside the axes; for hit rates
   the infinite-capacity runs and the trace's ideal are drawn as horizontal references unless
   ``references`` is false;
 - ``{"kind": "pressure", "file", "title", "groups", "where"?, "series"}``: KV-token and state-slot usage
@@ -25,9 +28,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mamba_radix.errors import ConfigError
 from mamba_radix.sim.reference import match_reference
 
-__all__ = ["compact_table", "load_records", "order_comparisons", "results_table", "write_report"]
+__all__ = [
+    "Y_UNITS",
+    "compact_table",
+    "load_records",
+    "order_comparisons",
+    "plot_problems",
+    "results_table",
+    "write_report",
+]
 
 # columns: (header, function of a record -> str)
 GIB = 1 << 30
@@ -266,7 +278,25 @@ def _select(
     return out
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# a line plot's ``y_unit``: what one unit of the axis is, in the metric's own unit (bytes for GiB)
+Y_UNITS: dict[str | None, float] = {None: 1.0, "GiB": float(GIB)}
+
+
+def plot_problems(plots: Sequence[Any]) -> list[str]:
+    """One line per plot option this module cannot draw (so far: a ``y_unit`` not in :data:`Y_UNITS`), to
+    refuse a definition before anything runs or is written. No side effects. O(plots)."""
+    return [
+        f"plot {i} ({plot.get('file')!r}): y_unit must be 'GiB' or left out, got {plot['y_unit']!r}"
+        for i, plot in enumerate(plots)
+        if isinstance(plot, dict) and plot.get("y_unit") not in Y_UNITS
+    ]
+
+
 def _value(r: dict[str, Any], key: str) -> Any:
+    if "." in key:  # "host_tier.NAME": None when the run has no such section (a run without the tier)
+        section, _, name = key.partition(".")
+        return (r["metrics"].get(section) or {}).get(name)
     if key in r["metrics"]:
         return r["metrics"][key]
     return r["params"].get(key)
@@ -335,13 +365,16 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
         key=lambda v: (v is None, _is_special(x_key, v), 0 if v is None else v),
     )
     for r in finite:
+        y = _value(r, y_key)
+        if y is None:  # a metric the run does not have (host_tier.* with the tier off): no point, not a zero
+            continue
         name = tuple(r["params"].get(k) for k in series_keys)
         x = _value(r, x_key)
         x_pos = float(categories.index(x)) if spec.get("categorical") else float(x)
-        lines[name].append((x_pos, float(_value(r, y_key))))
+        lines[name].append((x_pos, float(y) / Y_UNITS[spec.get("y_unit")]))
     if not lines:
         return False
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(10.0 if spec.get("markers") else 7.5, 4.5))
     if spec.get("categorical"):
         ax.set_xticks(range(len(categories)), [_category_label(x_key, c) for c in categories])
         special = [i for i, c in enumerate(categories) if _is_special(x_key, c)]
@@ -360,6 +393,13 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
             shift = (i - (len(ordered) - 1) / 2) * 0.08
             ax.plot([p[0] + shift for p in pts], [p[1] * scale for p in pts], marker="o", linestyle="none",
                     markersize=7, label=label)  # fmt: skip
+        elif spec.get("markers"):
+            # Series that often coincide (a host tier too large to fill): each its own marker, drawn smaller
+            # than the one before, so that a series under another stays visible instead of vanishing.
+            marker, size = _MARKERS[i % len(_MARKERS)], max(3.0, 11.0 - 1.3 * i)
+            ax.plot(
+                [p[0] for p in pts], [p[1] * scale for p in pts], marker=marker, markersize=size, label=label
+            )
         else:
             ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=label)
     if y_key == "token_hit_rate" and spec.get("references", True):
@@ -399,7 +439,9 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
     _mark_zoomed_y(ax, scale)
     if ax.get_legend_handles_labels()[1]:  # a single unnamed series needs no legend
         title = " / ".join(param_label(k) for k in series_keys) if series_keys and not single else None
-        ax.legend(fontsize=7, title=title, title_fontsize=7)
+        # many coinciding series: the legend goes beside the axes, where it cannot cover a point
+        outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if spec.get("markers") else {}
+        ax.legend(fontsize=7, title=title, title_fontsize=7, **outside)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -463,7 +505,11 @@ def write_report(
     ``reference``: the records of a reference run of the same definition (e.g. the committed one); the
     report then says, run by run, how its numbers compare (:func:`reference_comparison`).
     Side effects: creates ``out_dir`` and overwrites the files it writes. O(runs * samples + runs^2).
+    Raises :class:`ConfigError` for a plot it cannot draw (:func:`plot_problems`), before writing anything.
     """
+    problems = plot_problems((definition or {}).get("plots", []) or [])
+    if problems:
+        raise ConfigError("; ".join(problems))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = sorted(records, key=lambda r: str(r["run_id"]))  # results files are in completion order

@@ -38,6 +38,7 @@ from mamba_radix.sim.budget import (  # infinite_pools: re-exported (its callers
 from mamba_radix.sim.engine import CostModel, Engine, EngineOptions, check_simulable, wall_clock
 from mamba_radix.sim.ideal import ideal_for
 from mamba_radix.sim.metrics import result_record
+from mamba_radix.sim.report import plot_problems
 from mamba_radix.sim.traces import TraceRequest, TraceSummary, iter_trace, scan_trace
 
 __all__ = [
@@ -634,9 +635,12 @@ def expand_definition(
         problem = trace_problem(trace)
         if problem:
             problems.append(f"{problem} (from 'trace': {definition['trace']!r})")
-    for i, plot in enumerate(definition.get("plots", []) or []):
+    plots = definition.get("plots", []) or []
+    for i, plot in enumerate(plots):
         if not isinstance(plot, dict) or not plot.get("file"):
             problems.append(f"plot {i}: needs a 'file' (the PNG name)")
+    # what the report cannot draw (a y_unit it does not know) is refused here, before any run
+    problems += plot_problems([p for p in plots if isinstance(p, dict)])
     base = dict(definition.get("base", {}))
     specs: list[RunSpec] = []
     seen: dict[str, str] = {}
