@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 
 import torch
 
 from mamba_radix.buffers import buffer_strategy
+from mamba_radix.cache_host import HostTierCache
 from mamba_radix.cache_results import (
     CacheStats,
     EvictResult,
@@ -71,7 +71,7 @@ from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 __all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
 
 
-class MambaRadixCache:
+class MambaRadixCache(HostTierCache):
     """The Mamba-aware radix prefix cache over a :class:`HybridReqToTokenPool` and a token allocator.
 
     The request lifecycle is a layer over this cache: :attr:`lifecycle`, a
@@ -710,165 +710,6 @@ class MambaRadixCache:
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1, as_list=True)
         return None if slots is None else slots[0]
-
-    # ------------------------------------------------------------------------------------- host tier
-    def _count_host_hits(self, nodes: list[TreeNode]) -> None:
-        """Count a hit on each of ``nodes`` (top-down, device-resident) and back up those that reach the
-        write policy's threshold (write_through: 1, write_through_selective: ``host_write_through_threshold``)
-        and whose parent's KV is on the host (or is the root), as SGLang's ``write_backup`` requires: the
-        host copies stay a subtree from the root. O(nodes) plus the copies."""
-        threshold = self._host_threshold
-        root = self.tree.root
-        for node in nodes:
-            hits = self.tree.count_hit(node)
-            if hits < threshold or node.value is None:
-                continue
-            if node.host_kv is None and (node.parent is root or node.parent.host_kv is not None):  # type: ignore[union-attr]
-                self.backup_kv(node)
-            if node.host_kv is not None and node.mamba_slot is not None and node.host_slot is None:
-                self.backup_state(node)
-
-    def backup_kv(self, node: TreeNode) -> bool:
-        """Copy ``node``'s device KV into host rows and record it on the node (the tree's
-        :class:`~mamba_radix.tree.HostBackup` call), evicting host-only leaves when the host is short;
-        False, nothing copied, when it stays short. O(tokens * bytes per token)."""
-        pool, stats = self.host_kv_pool, self.host_stats
-        assert pool is not None and stats is not None and node.value is not None
-        need = len(node.key)
-        if pool.available_size() < need:
-            self._release(self.tree.evict_host(num_tokens=need - pool.available_size()))
-            if pool.available_size() < need:
-                stats.backups_skipped += 1
-                return False
-        self.tree.set_host_copy(node, host_kv=pool.backup(node.value))
-        stats.kv_backed_up += need
-        return True
-
-    def backup_state(self, node: TreeNode) -> bool:
-        """Copy ``node``'s device checkpoint into a host slot and record it (as :meth:`backup_kv`). The copy
-        runs on the current stream, ahead of any later reuse of the device slot. O(slot bytes)."""
-        pool, stats = self.host_state_pool, self.host_stats
-        assert pool is not None and stats is not None and node.mamba_slot is not None
-        if pool.available_size() < 1:
-            self._release(self.tree.evict_host(num_slots=1))
-            if pool.available_size() < 1:
-                stats.backups_skipped += 1
-                return False
-        host_slots, _ = pool.backup([node.mamba_slot])
-        self.tree.set_host_copy(node, host_slot=int(host_slots[0]))
-        stats.states_backed_up += 1
-        return True
-
-    def evict_host(self, num_tokens: int = 0, num_slots: int = 0) -> EvictResult:
-        """Free at least ``num_tokens`` host KV rows and ``num_slots`` host state slots by removing host-only
-        leaves, least recently used first (:meth:`RadixTree.evict_host`). Raises :class:`InvalidArgument`
-        without the host tier or for counts that are not ints >= 0 (nothing changed). Returns the host
-        tokens and slots freed. O(victims * host-only nodes)."""
-        if self.host_stats is None:
-            raise InvalidArgument(
-                "evict_host needs the host tier; set host_kv_tokens and host_state_slots > 0"
-            )
-        freed = self.tree.evict_host(num_tokens, num_slots)
-        self._release(freed)
-        return EvictResult(freed.num_host_tokens, len(freed.host_slots))
-
-    def plan_load_back(self, key: RadixKey | Sequence[int]) -> LoadPlan | None:
-        """The load-back that would make ``key``'s deepest host-resident checkpoint a device hit, with its
-        device memory allocated: None when the host holds no checkpoint deeper than the device hit (or the
-        host tier is off), or when the device has no room even after eviction (counted in
-        ``host_stats.loads_skipped``; nothing kept). Side effects: allocates (evicting) the device KV and the
-        device slot the plan names, pins the host path against host eviction and KV-locks its device end
-        until :meth:`apply_load_plan`, which is to follow before any other call on this cache (the
-        lifecycle's admission applies it at once); the tree is not split. O(L + path + victims * log n)."""
-        stats = self.host_stats
-        if stats is None:
-            return None
-        tree = self.tree
-        walk = tree.walk(self._as_key(key, None))
-        target, _ = tree.host_extension(walk)
-        if target is None:
-            return None
-        path = walk.path
-        nodes = tuple(node for node in path[: path.index(target) + 1] if node.value is None)
-        anchor = nodes[0].parent if nodes else target
-        assert anchor is not None
-        num_tokens = sum(len(node.key) for node in nodes)
-        tree.host_pinned.update(node.id for node in nodes)
-        tree.inc_lock_ref(anchor, checkpoint=False)  # the root: a no-op
-        kv = (
-            self.alloc_token_slots(num_tokens)
-            if num_tokens
-            else torch.empty(0, dtype=torch.int64, device=self.device)
-        )
-        slot = self.alloc_state_slot() if kv is not None else None
-        if kv is None or slot is None:
-            if kv is not None and kv.numel():
-                self.token_to_kv_pool_allocator.free(kv, check=False)
-            self._end_load_back(nodes, anchor)
-            stats.loads_skipped += 1
-            return None
-        assert target.host_slot is not None
-        host_kv = torch.cat([node.host_kv for node in nodes]) if nodes else kv[:0].cpu()  # type: ignore[misc]
-        plan = LoadPlan(
-            next(self._plan_ids),
-            host_kv,
-            kv,
-            target.host_slot,
-            slot,
-            target.depth,
-            nodes=nodes,
-            target=target,
-        )
-        self._open_plans[plan.plan_id] = plan
-        return plan
-
-    def _end_load_back(self, nodes: tuple[TreeNode, ...], anchor: TreeNode) -> None:
-        self.tree.host_pinned.difference_update(node.id for node in nodes)
-        self.dec_lock_ref(anchor, checkpoint=False)
-
-    def apply_load_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Copy ``plan``'s host KV rows and host slot into its device KV indices and slot (through the host
-        pools: ``state_ops`` gather/scatter for the state), make its nodes device-resident again (their
-        host copies stay), give the target node its device checkpoint, and release the pin and lock
-        :meth:`plan_load_back` took. Returns the plan with ``applied`` and the copy's ``event``. Raises
-        :class:`InvalidArgument` (nothing changed) for a plan applied already or not made by this cache.
-        O(tokens * bytes per token + slot bytes + nodes * log n)."""
-        if (
-            not isinstance(plan, LoadPlan)
-            or self.host_stats is None
-            or self._open_plans.get(plan.plan_id) is not plan
-        ):
-            raise InvalidArgument(
-                "this load plan was applied already or is not this cache's; make a new one with plan_load_back"
-            )
-        del self._open_plans[plan.plan_id]
-        kv_pool, state_pool = self.host_kv_pool, self.host_state_pool
-        assert kv_pool is not None and state_pool is not None and plan.target is not None
-        if plan.nodes:
-            kv_pool.load(plan.host_kv, plan.device_kv)
-        event = state_pool.load([plan.host_slot], [plan.device_slot])
-        values = (
-            list(torch.split(plan.device_kv, [len(node.key) for node in plan.nodes])) if plan.nodes else []
-        )
-        self.tree.promote(plan.nodes, values)
-        self.tree.set_device_checkpoint(plan.target, plan.device_slot)
-        if self._tree_kv is not None and plan.nodes:
-            self._tree_kv.hold(plan.device_kv)
-        anchor = plan.nodes[0].parent if plan.nodes else plan.target
-        assert anchor is not None
-        self._end_load_back(plan.nodes, anchor)
-        stats = self.host_stats
-        stats.host_hits += 1
-        stats.kv_loaded += plan.num_tokens
-        stats.states_loaded += 1
-        return replace(plan, applied=True, event=event)
-
-    def load_back(self, key: RadixKey | Sequence[int]) -> LoadPlan | None:
-        """:meth:`plan_load_back` then :meth:`apply_load_plan`: the applied plan, or None (nothing to load,
-        or no device room). The lifecycle's admission calls it before its match. Side effects and cost:
-        theirs."""
-        plan = self.plan_load_back(key)
-        return None if plan is None else self.apply_load_plan(plan)
 
     # ------------------------------------------------------------------------- quantized checkpoints
     def _checkpoint_slots(self) -> MambaPool | CheckpointPool:

@@ -13,7 +13,8 @@ __all__ = ["format_nodes"]
 def format_nodes(root: TreeNode, max_tokens: int = 8) -> list[str]:
     """One line per node below and including ``root``, drawn as an indented tree (children in id order):
     the first ``max_tokens`` tokens of the edge, its length and end, the KV span, the checkpoint slot or
-    ``tombstone``, the locks (full/mamba, then ``+Nkv`` for KV-only ones) and the stamps (KV/checkpoint). O(n log n) for the sorting of
+    ``tombstone`` (with the host tier: ``kv=host`` for a host-only node, ``+host`` and ``host_slot`` for
+    host copies), the locks (full/mamba, then ``+Nkv`` for KV-only ones) and the stamps (KV/checkpoint). O(n log n) for the sorting of
     each node's children."""
 
     def describe(node: TreeNode) -> str:
@@ -22,9 +23,14 @@ def format_nodes(root: TreeNode, max_tokens: int = 8) -> list[str]:
         head = " ".join(str(t) for t in node.key[:max_tokens])
         more = f" …(+{len(node.key) - max_tokens})" if len(node.key) > max_tokens else ""
         ns = f"ns={node.extra_key!r} " if node.extra_key is not None and node.parent is root else ""
-        first, last = int(node.value[0]), int(node.value[-1])
-        kv_text = f"kv={first}" if len(node.value) == 1 else f"kv={first}..{last}"
+        if node.value is None:  # host-only (the host tier): no device KV
+            kv_text = "kv=host"
+        else:
+            first, last = int(node.value[0]), int(node.value[-1])
+            kv_text = f"kv={first}" if len(node.value) == 1 else f"kv={first}..{last}"
+            kv_text += "+host" if node.host_kv is not None else ""
         state = "tombstone" if node.mamba_slot is None else f"slot={node.mamba_slot}"
+        state += f" host_slot={node.host_slot}" if node.host_slot is not None else ""
         kv_locks = f"+{node.kv_lock_ref}kv" if node.kv_lock_ref else ""  # KV-only locks, shown when held
         return (
             f"#{node.id} {ns}[{head}{more}] len={len(node.key)} end={node.depth} {kv_text} {state} "
