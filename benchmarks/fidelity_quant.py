@@ -23,11 +23,15 @@ Error feedback: one fp32 residual per live slot, zeroed at admission (a new line
 hand-over of that request to the next (definition: :mod:`mamba_radix_kernels.quant_naive`).
 
 Usage: ``python benchmarks/fidelity_quant.py`` (about a minute on one core); ``--help`` for options.
+``--json FILE`` also writes the measurements as JSON lines, one per model, format and error feedback,
+each with the command that made it (the ``memory_options`` experiment's report reads
+``mamba_radix/data/experiments/memory_options.fidelity.jsonl``, made this way).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -225,6 +229,30 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def json_rows(results: list[Result], command: str) -> list[dict[str, Any]]:
+    """One JSON object per result: the table's columns under stable names, and the command."""
+    return [
+        {
+            "model": r.family,
+            "format": r.fmt,
+            "error_feedback": r.feedback,
+            "restores": r.restores,
+            "max_abs_dlogit_restore": r.restore_max,
+            "mean_abs_dlogit_restore": r.restore_sum / max(r.restore_count, 1),
+            "max_abs_dlogit_after": r.after_max,
+            "mean_abs_logit": r.logit_abs_mean,
+            "tokens": r.tokens,
+            "tokens_agree": r.tokens_agree,
+            "requests": r.requests,
+            "exact_outputs": r.exact,
+            "handovers": r.handovers,
+            "seconds": round(r.seconds, 1),
+            "command": command,
+        }
+        for r in results
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Prints a markdown table.")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -232,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=3, help="multi-turn conversations (default 3)")
     p.add_argument("--turns", type=int, default=5, help="turns per conversation (default 5)")
     p.add_argument("--seed", type=int, default=0, help="model weights and prompt seed (default 0)")
+    p.add_argument(
+        "--json", metavar="FILE", help="also write the results as JSON lines to FILE (overwritten)"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     results = []
@@ -246,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
     print(table(results))
+    if args.json:
+        command = " ".join(["python benchmarks/fidelity_quant.py", *(sys.argv[1:] if argv is None else argv)])
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in json_rows(results, command))
     return 0
 
 

@@ -10,6 +10,12 @@ so), ticks at the measured points; the other pool is fixed and its size is in th
 panels of a figure share the y axis, from 0 to 1 (or from 0 to 0.5 when every line, the ideal
 included, stays below 0.45, and then the label says so); every panel of ``overview.png`` is 0 to 1.
 
+Also the memory-options comparison's section of a sweep report (a definition's ``"kind": "memory"``
+plot, :func:`memory_section`, called by :func:`mamba_radix.sim.report.write_report`): token hit rate against
+memory with the offline oracle's line (a group that runs ``"policy": "oracle"``), every option as a fraction
+of the oracle on the same start-up pools, and the checkpoint formats' fidelity beside them, read from the
+JSON lines that ``benchmarks/fidelity_quant.py --json`` writes (:func:`load_fidelity`).
+
 Side effects: writes files into the folder. Cost: O(rows x policies) for the report; matplotlib only
 inside the plotting functions (the core never imports it).
 """
@@ -24,10 +30,16 @@ from mamba_radix.sim.reference import match_reference
 
 __all__ = [
     "BASELINE",
+    "fidelity_table",
     "fractions",
     "gap_closed",
+    "load_fidelity",
     "loss_lines",
+    "memory_plot",
+    "memory_plot_problems",
+    "memory_section",
     "oracle_exceeded",
+    "oracle_fractions",
     "reference_comparison",
     "write_all",
 ]
@@ -584,3 +596,377 @@ def write_all(
             plots = [plot_workload(path, rows, info, w) for w in _workloads(rows, info)]
             plots.append(plot_overview(path, rows, info))
     return write_report(path, rows, info, reference, plots)
+
+
+# ------------------------------------------------------------------- memory options (a sweep's records)
+# A sweep definition's plot of ``"kind": "memory"`` (mamba_radix/data/experiments/memory_options.json):
+# token hit rate against memory for the memory options, the offline oracle's line, and the checkpoint
+# formats' fidelity beside them. Keys: ``file``, ``title``, ``groups`` (the options' groups), ``oracle_group``
+# (a group that runs a research policy, drawn as the oracle), ``where`` (parameter -> value or list, as a
+# line plot's), ``x`` (default ``budget_gib``), ``xlabel``, ``series`` (default group and checkpoint format)
+# and ``fidelity`` (optional: the JSON lines of ``benchmarks/fidelity_quant.py --json``).
+MEMORY_PLOT_KEYS = {
+    "kind",
+    "file",
+    "title",
+    "groups",
+    "oracle_group",
+    "where",
+    "x",
+    "xlabel",
+    "series",
+    "fidelity",
+}
+# the fields every fidelity row has (benchmarks/fidelity_quant.py's json_rows) and their types
+FIDELITY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "model": str,
+    "format": str,
+    "error_feedback": bool,
+    "restores": int,
+    "max_abs_dlogit_restore": (int, float),
+    "mean_abs_dlogit_restore": (int, float),
+    "max_abs_dlogit_after": (int, float),
+    "mean_abs_logit": (int, float),
+    "tokens": int,
+    "tokens_agree": int,
+    "requests": int,
+    "exact_outputs": int,
+    "command": str,
+}
+MEMORY_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# the parameter whose equal value makes an oracle run the same pools as an option's run (with the budget)
+SAME_POOLS = "mamba_full_memory_ratio"
+
+
+def load_fidelity(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a fidelity file (JSON lines, one per model, format and error feedback, as
+    ``benchmarks/fidelity_quant.py --json FILE`` writes them), checked. Raises :class:`ConfigError` with
+    one line naming the file and the first problem. Reads the file; O(rows)."""
+    import json
+
+    from mamba_radix.errors import ConfigError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"fidelity file {p} not found; make it with python benchmarks/fidelity_quant.py --json {p}"
+        )
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"fidelity file {p} line {n}: invalid JSON ({exc.msg})") from None
+        bad = [
+            k
+            for k, t in FIDELITY_FIELDS.items()
+            if not isinstance(row, dict)
+            or not isinstance(row.get(k), t)
+            or isinstance(row.get(k), bool) != (t is bool)
+        ]
+        if bad:
+            raise ConfigError(
+                f"fidelity file {p} line {n}: missing or mistyped {', '.join(bad)}; re-make it with "
+                "benchmarks/fidelity_quant.py --json"
+            )
+        rows.append(row)
+    if not rows:
+        raise ConfigError(
+            f"fidelity file {p} has no rows; re-make it with benchmarks/fidelity_quant.py --json"
+        )
+    return rows
+
+
+def memory_plot_problems(index: int, plot: dict[str, Any], groups: Sequence[Any]) -> list[str]:
+    """One line per problem of a ``"kind": "memory"`` plot of a sweep definition (``groups``: the
+    definition's groups), to refuse the definition before anything runs. Reads the fidelity file.
+    O(groups + fidelity rows)."""
+    from mamba_radix.errors import ConfigError
+
+    where = f"plot {index} ({plot.get('file')!r})"
+    problems = [
+        f"{where}: unknown key {k!r}; known: {', '.join(sorted(MEMORY_PLOT_KEYS))}"
+        for k in plot
+        if k not in MEMORY_PLOT_KEYS
+    ]
+    by_name = {g.get("name"): g for g in groups if isinstance(g, dict)}
+    listed = plot.get("groups")
+    if not (isinstance(listed, list) and listed and all(isinstance(g, str) for g in listed)):
+        problems.append(f"{where}: 'groups' must list the options' group names")
+        listed = []
+    problems += [f"{where}: no group named {g!r}" for g in listed if g not in by_name]
+    oracle = plot.get("oracle_group")
+    if not isinstance(oracle, str) or oracle not in by_name:
+        problems.append(f"{where}: 'oracle_group' must name a group of the definition, got {oracle!r}")
+    elif not by_name[oracle].get("policy"):
+        problems.append(f'{where}: oracle_group {oracle!r} runs no policy; give the group "policy": "oracle"')
+    if "where" in plot and not isinstance(plot["where"], dict):
+        problems.append(f"{where}: 'where' maps parameters to a value or a list of values")
+    fidelity = plot.get("fidelity")
+    if fidelity is not None:
+        try:
+            load_fidelity(str(fidelity))
+        except ConfigError as exc:
+            problems.append(f"{where}: {exc}")
+    return problems
+
+
+def _runs(
+    records: Sequence[dict[str, Any]], groups: Sequence[str], where: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The successful finite runs of ``groups`` that match ``where`` (value, or list of accepted values)."""
+    out = []
+    for r in records:
+        p = r.get("params", {})
+        if "error" in r or p.get("infinite") or p.get("group") not in groups:
+            continue
+        if where and any(
+            (p.get(k) not in v) if isinstance(v, list) else (p.get(k) != v) for k, v in where.items()
+        ):
+            continue
+        out.append(r)
+    return out
+
+
+def _prefix(names: Sequence[str]) -> str:
+    """The ``"chat: "`` every name starts with (the workload), or ``""``."""
+    heads = {n.split(": ", 1)[0] + ": " for n in names if ": " in n}
+    return heads.pop() if len(heads) == 1 and all(": " in n for n in names) else ""
+
+
+def _series_label(params: dict[str, Any], keys: Sequence[str], prefix: str) -> str:
+    parts = []
+    for k in keys:
+        v = params.get(k)
+        if k == "group":
+            parts.append(str(v)[len(prefix) :])
+        elif k == "checkpoint_format":
+            parts.append(f"{v} checkpoints")
+        else:
+            parts.append(f"{k} {v}")
+    return ", ".join(parts)
+
+
+def _oracle_label(r: dict[str, Any]) -> str:
+    p = r["params"]
+    return (
+        f"offline oracle (static split, ratio {p.get(SAME_POOLS)}, {p.get('checkpoint_format', 'model')} "
+        "checkpoints)"
+    )
+
+
+def oracle_fractions(records: Sequence[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
+    """Markdown lines: every run of the plot's option groups (all ratios and formats, not only the plotted
+    ones), its token hit rate at each x value (the budget), and in brackets its fraction of the oracle run
+    on the same pools (same x and ``mamba_full_memory_ratio``: the static split an adaptive or unified run
+    starts from; model checkpoints); the oracle's own rows last. O(runs)."""
+    x_key = spec.get("x", "budget_gib")
+    oracle_group = spec["oracle_group"]
+    options = _runs(records, [g for g in spec["groups"] if g != oracle_group], None)
+    oracles = _runs(records, [oracle_group], None)
+    if not options or not oracles:
+        return []
+    best = {
+        (r["params"].get(x_key), r["params"].get(SAME_POOLS)): r["metrics"]["token_hit_rate"] for r in oracles
+    }
+    xs = sorted({r["params"].get(x_key) for r in options + oracles})
+    prefix = _prefix([*spec["groups"], oracle_group])
+    rows: dict[tuple[str, Any, str], dict[Any, str]] = {}
+    for r in options:
+        p = r["params"]
+        key = (str(p["group"])[len(prefix) :], p.get(SAME_POOLS), str(p.get("checkpoint_format", "model")))
+        ref = best.get((p.get(x_key), p.get(SAME_POOLS)))
+        hit = r["metrics"]["token_hit_rate"]
+        rows.setdefault(key, {})[p.get(x_key)] = (
+            f"{100 * hit:.2f} % ({hit / ref:.2f})" if ref else f"{100 * hit:.2f} %"
+        )
+    for r in oracles:
+        p = r["params"]
+        key = (str(p["group"])[len(prefix) :], p.get(SAME_POOLS), str(p.get("checkpoint_format", "model")))
+        rows.setdefault(key, {})[p.get(x_key)] = f"{100 * r['metrics']['token_hit_rate']:.2f} %"
+    x_name = "GiB" if x_key == "budget_gib" else x_key
+    lines = [
+        f"Token hit rate of every option{f' ({prefix[:-2]})' if prefix else ''}, and in brackets its fraction of "
+        f"the offline oracle on the same start-up pools (same {x_name} and --mamba-full-memory-ratio: the static "
+        "split an adaptive or unified run starts from, model checkpoints, the same timed engine). The oracle is "
+        "Belady's MIN with oracle admission (mamba_radix.policies.oracle): a strong reference in timed mode, not "
+        "a bound, and options that change the pools (quantized checkpoints, the adaptive split, the unified "
+        "pool) can pass it.",
+        "",
+        "| option | ratio | checkpoints | " + " | ".join(f"{x:g} {x_name}" for x in xs) + " |",
+        "|---|---:|---|" + "---:|" * len(xs),
+    ]
+    for (name, ratio, fmt), cells in rows.items():
+        lines.append(f"| {name} | {ratio} | {fmt} | " + " | ".join(cells.get(x, "-") for x in xs) + " |")
+    return lines
+
+
+def _agreement(row: dict[str, Any]) -> float:
+    return row["tokens_agree"] / max(row["tokens"], 1)
+
+
+def fidelity_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines: each format's restore error and greedy agreement (the fidelity file's rows), with
+    the command that measured them. O(rows)."""
+    commands = sorted({r["command"] for r in rows})
+    lines = [
+        "Fidelity of each checkpoint format, measured on real model code (the reference engine: "
+        "transformers' Kimi Linear and Qwen3-Next, tiny random-weight configs, fp32 on the CPU; not Kimi K3): "
+        "every checkpoint handed to the tree stored in the format and restored on a hit, against uncached fp32 "
+        f"forwards. Command: {', '.join(f'`{c}`' for c in commands)}.",
+        "",
+        "| model | format | error feedback | restores | max \\|Δlogit\\| at restore | mean \\|Δlogit\\| at restore "
+        "| max \\|Δlogit\\| after | mean \\|logit\\| | greedy token agreement | exact outputs |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['format']} | {'on' if r['error_feedback'] else 'off'} | {r['restores']} | "
+            f"{r['max_abs_dlogit_restore']:.2e} | {r['mean_abs_dlogit_restore']:.2e} | {r['max_abs_dlogit_after']:.2e} "
+            f"| {r['mean_abs_logit']:.3f} | {r['tokens_agree']}/{r['tokens']} ({100 * _agreement(r):.1f} %) | "
+            f"{r['exact_outputs']}/{r['requests']} |"
+        )
+    return lines
+
+
+def _fidelity_panels(ax_err: Any, ax_agree: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """The formats' restore error (log scale; 0 written as such, a log axis has no 0) and greedy token
+    agreement (0 to 100 %), one bar per model under each format and error-feedback setting."""
+    labels = list(dict.fromkeys(f"{r['format']}{', feedback' if r['error_feedback'] else ''}" for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    height = 0.8 / max(len(models), 1)
+    positive = [r["max_abs_dlogit_restore"] for r in rows if r["max_abs_dlogit_restore"] > 0]
+    floor = min(positive) / 10 if positive else 1e-6
+    for j, m in enumerate(models):
+        for i, lab in enumerate(labels):
+            row = next(
+                (
+                    r
+                    for r in rows
+                    if r["model"] == m
+                    and f"{r['format']}{', feedback' if r['error_feedback'] else ''}" == lab
+                ),
+                None,
+            )
+            if row is None:
+                continue
+            y = i + (j - (len(models) - 1) / 2) * height
+            err = row["max_abs_dlogit_restore"]
+            color = f"C{j}"
+            if err > 0:
+                ax_err.barh(y, err, height=height, color=color, label=m if i == 0 else None, left=0)
+            else:
+                ax_err.barh(y, 0, height=height, color=color, label=m if i == 0 else None)
+                ax_err.annotate("0 (exact)", (floor, y), va="center", fontsize=7)
+            ax_agree.barh(y, 100 * _agreement(row), height=height, color=color)
+            ax_agree.annotate(
+                f"{row['tokens_agree']}/{row['tokens']}", (2, y), va="center", fontsize=6.5, color="white"
+            )
+    for ax in (ax_err, ax_agree):
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    ax_err.set_xscale("log")
+    ax_err.set_xlim(left=floor)
+    scale = ", ".join(f"{m} {next(r['mean_abs_logit'] for r in rows if r['model'] == m):.3f}" for m in models)
+    ax_err.set_xlabel(
+        f"max |Δlogit| at restore vs uncached fp32\n(logit units, log scale; mean |logit|: {scale})",
+        fontsize=7.5,
+    )
+    ax_err.set_title("restore error per checkpoint format", fontsize=9)
+    ax_err.legend(fontsize=7, title="model (tiny, random weights)", title_fontsize=7, loc="upper right")
+    ax_agree.set_xlim(0, 100)
+    ax_agree.set_xlabel("greedy tokens equal to uncached fp32 (%)", fontsize=8)
+    ax_agree.set_title("greedy token agreement", fontsize=9)
+
+
+def memory_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Path) -> bool:
+    """Draw a ``"kind": "memory"`` plot into ``path``: token hit rate (0-100 %) against memory (log x,
+    ticks at the measured values) for each option series, the offline oracle's line at each plotted
+    ``mamba_full_memory_ratio`` (black, underneath, labelled "offline oracle (static split, ...)"), the
+    ideal; with ``fidelity``, two panels beside it (restore error and greedy agreement per format).
+    Returns False (nothing drawn) when no run matches. Side effects: writes the PNG. O(runs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key = spec.get("x", "budget_gib")
+    oracle_group = spec["oracle_group"]
+    series_keys = spec.get("series", ["group", "checkpoint_format"])
+    options = _runs(records, [g for g in spec["groups"] if g != oracle_group], spec.get("where"))
+    oracles = _runs(records, [oracle_group], spec.get("where"))
+    if not options and not oracles:
+        return False
+    fidelity = load_fidelity(spec["fidelity"]) if spec.get("fidelity") else None
+    if fidelity:
+        fig = plt.figure(figsize=(16.5, 6.4))
+        grid = fig.add_gridspec(1, 3, width_ratios=(2.6, 1.2, 1.0), wspace=0.32)
+        ax = fig.add_subplot(grid[0, 0])
+        ax_err, ax_agree = fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[0, 2])
+    else:
+        fig, ax = plt.subplots(figsize=(10.0, 6.4))
+    prefix = _prefix([*spec["groups"], oracle_group])
+    by_ratio: dict[Any, list[tuple[float, float]]] = {}
+    for r in oracles:
+        by_ratio.setdefault(r["params"].get(SAME_POOLS), []).append(
+            (float(r["params"][x_key]), 100 * r["metrics"]["token_hit_rate"])
+        )
+    dashes = ("-", "--", "-.", ":")
+    for i, (ratio, pts) in enumerate(sorted(by_ratio.items(), key=lambda kv: -float(kv[0] or 0))):
+        sample = next(r for r in oracles if r["params"].get(SAME_POOLS) == ratio)
+        ax.plot(*zip(*sorted(pts), strict=True), color="black", linewidth=3.2, alpha=0.55, linestyle=dashes[i % 4],
+                zorder=1, label=_oracle_label(sample))  # fmt: skip
+    lines: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
+    for r in options:
+        name = tuple(r["params"].get(k) for k in series_keys)
+        lines.setdefault(name, []).append((float(r["params"][x_key]), 100 * r["metrics"]["token_hit_rate"]))
+    for i, (name, pts) in enumerate(sorted(lines.items(), key=lambda kv: [str(v) for v in kv[0]])):
+        params = dict(zip(series_keys, name, strict=True))
+        # series that coincide (int8 and fp8 take the same bytes): each its own marker, smaller than the one
+        # drawn before it, so that the one underneath stays visible
+        ax.plot(*zip(*sorted(pts), strict=True), marker=MEMORY_MARKERS[i % len(MEMORY_MARKERS)], markersize=max(3.5, 10 - 1.1 * i),
+                linewidth=1.4, zorder=3 + i, label=_series_label(params, series_keys, prefix))  # fmt: skip
+    ideal = [r["metrics"]["ideal_hit_rate"] for r in options + oracles]
+    ax.axhline(
+        100 * max(ideal),
+        color="gray",
+        linestyle=":",
+        linewidth=1.5,
+        label="ideal (any seen prefix, ∞ memory)",
+    )
+    xs = sorted({p[0] for pts in [*lines.values(), *by_ratio.values()] for p in pts})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.minorticks_off()
+    ax.set_xlim(xs[0] / 1.25, xs[-1] * 1.25)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel(spec.get("xlabel", x_key) + " (log scale)")
+    ax.set_ylabel("token hit rate (%)")
+    ax.set_title("token hit rate against memory (timed, extra_buffer)", fontsize=9)
+    fig.suptitle(spec.get("title", ""), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    if fidelity:
+        _fidelity_panels(ax_err, ax_agree, fidelity)
+    fig.subplots_adjust(left=0.05, right=0.985, bottom=0.15, top=0.89)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def memory_section(records: Sequence[dict[str, Any]], spec: dict[str, Any], folder: str | Path) -> list[str]:
+    """A sweep report's section for a ``"kind": "memory"`` plot: draws it (:func:`memory_plot`) into
+    ``folder`` and returns the report's lines (heading, image, the options as fractions of the oracle,
+    the fidelity table); no lines when no run matches. Side effects: writes the PNG. O(runs)."""
+    if not memory_plot(records, spec, Path(folder) / spec["file"]):
+        return []
+    lines = [f"## {spec.get('title', spec['file'])}", "", f"![{spec['file']}]({spec['file']})", ""]
+    fractions_lines = oracle_fractions(records, spec)
+    if fractions_lines:
+        lines += [*fractions_lines, ""]
+    if spec.get("fidelity"):
+        lines += [*fidelity_table(load_fidelity(spec["fidelity"])), ""]
+    return lines

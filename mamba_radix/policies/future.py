@@ -47,8 +47,8 @@ def demand_hits(config: CacheConfig, requests: Sequence[TraceRequest], model: st
 
     Side effects: none outside the process. Cost: one simulator run, O(total tokens) plus the cache's work.
     """
+    from mamba_radix.sim.budget import infinite_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
-    from mamba_radix.sim.sweep import infinite_pools
 
     if not requests:
         return []

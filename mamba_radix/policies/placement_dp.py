@@ -473,8 +473,8 @@ def forest_from_trace(
     the synthetic system-prompt workload the predicted 0.80 runs at 0: ``experiments/dp_check.py``).
     Side effects: none outside the process. Cost: one simulator run plus O(requests x
     candidate depths up to each demand)."""
+    from mamba_radix.sim.budget import infinite_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
-    from mamba_radix.sim.sweep import infinite_pools
 
     if not requests:
         return PrefixForest([], [], [])

@@ -546,6 +546,11 @@ def write_report(
     lines.append("")
     for spec in (definition or {}).get("plots", []):
         path = out / spec["file"]
+        if spec.get("kind") == "memory":  # hit rate against memory, the oracle's line, fidelity beside it
+            from mamba_radix.experiment_report import memory_section
+
+            lines += memory_section(ok, spec, out)
+            continue
         drawn = (
             _pressure_plot(ok, spec, path) if spec.get("kind") == "pressure" else _line_plot(ok, spec, path)
         )

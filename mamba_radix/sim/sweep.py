@@ -6,6 +6,11 @@ config fields, the memory budget, the engine options. Each worker process stream
 nothing large crosses process boundaries; results come back as one dict per run (see
 :func:`mamba_radix.sim.metrics.result_record`) and are written to a new JSON-lines file as they finish.
 
+A run may name a research policy (``RunSpec.policy``: a name of the policy registry,
+:func:`mamba_radix.policies.registry.find_spec`, e.g. ``"oracle"``; a definition's group gives it as
+``"policy"``): the same engine, mode and pools, with that policy's eviction and admission in the cache
+(:func:`policy_problem` says which options refuse one).
+
 Backends (:class:`mamba_radix.sim.runner.Runner` runs the specs): ``local`` (a pool of spawned processes on
 this machine, the default; this process when ``jobs`` is 1) and ``ray`` (each run a Ray task). Both stream
 records as runs finish and report progress in finished requests per run; the records are the same
@@ -52,6 +57,7 @@ __all__ = [
     "load_definition",
     "open_results",
     "peer_config",
+    "policy_problem",
     "resolve_trace",
     "run_one",
     "run_sweep",
@@ -156,6 +162,9 @@ class RunSpec:
     # a seeded synthetic workload instead of the trace file: {"generator": name in GENERATORS, "seed": int,
     # "args": {keyword: value}}; generated inside the worker (see synthetic_requests)
     synthetic: dict[str, Any] | None = None
+    # a research policy of the registry (mamba_radix.policies.registry) run in the cache, or None for the
+    # config's own eviction and admission (see policy_problem for the options that refuse one)
+    policy: str | None = None
 
     def cache_config(self) -> CacheConfig:
         """The validated config this run uses: ``config`` with ``peer`` applied. Raises ConfigError."""
@@ -166,6 +175,10 @@ class RunSpec:
         field against the peer, an unknown synthetic generator, bad options, a bad model or deployment,
         pools the budget cannot buy or the simulator cannot hold. O(fields) plus the planner's sizing."""
         check_simulable(self.cache_config())
+        if self.policy is not None:
+            problem = policy_problem(self)
+            if problem:
+                raise ConfigError(problem)
         if self.synthetic is not None:
             synthetic_label(self.synthetic)
         if (self.kv_tokens is None) != (self.state_slots is None):
@@ -199,6 +212,8 @@ class RunSpec:
         out: dict[str, Any] = {"group": self.group, "trace": Path(self.trace).name, "limit": self.limit}
         out["block_convention"] = self.block_convention
         out["peer"] = self.peer
+        if self.policy is not None:  # recorded only when set: a record without one is what it was before
+            out["policy"] = self.policy
         out.update({f.name: getattr(cfg, f.name) for f in fields(CacheConfig)})
         out["strategy"] = cfg.strategy
         out.update(
@@ -220,6 +235,54 @@ class RunSpec:
                 options.pop(name, None)
         out.update(options | {"cost": asdict(CostModel(**self.cost))})
         return out
+
+
+def policy_problem(spec: RunSpec) -> str | None:
+    """Why ``spec.policy`` cannot run with ``spec``'s options, as one line that says what to drop, or None.
+
+    Refused: a name the registry does not know (the known ones listed); a ``peer`` as well (each sets the
+    rules; a policy starts from its own release preset); a config field the policy's preset would set to
+    another value; the host tier (the cache runs the config's own eviction order there, SGLang's HiCache);
+    unified memory (its give-way rule, not the policy, picks which side loses bytes when KV and states
+    meet). The adaptive split and quantized checkpoint formats run with a policy. O(fields)."""
+    from mamba_radix.policies.registry import POLICIES, REFERENCES, VARIANTS, find_spec
+
+    name = spec.policy
+    if name is None:
+        return None
+    found = find_spec(name) if isinstance(name, str) else None
+    if found is None:
+        known = ", ".join([*POLICIES, *VARIANTS, *REFERENCES])
+        return f"unknown policy {name!r}; known: {known}"
+    if spec.peer is not None:
+        return f"policy {name!r} and peer {spec.peer!r} both set the rules; drop one"
+    config = spec.cache_config()
+    configured = found.configure(config)
+    clash = [k for k in sorted(spec.config) if getattr(configured, k) != getattr(config, k)]
+    if clash:
+        verb = "conflicts" if len(clash) == 1 else "conflict"
+        return f"{', '.join(clash)} {verb} with policy {name!r} (it sets its own rules); drop one"
+    if config.host_tier or spec.options.get("host_memory_ratio"):
+        return (
+            f"the host tier runs the config's own eviction order only, not research policy {name!r}; "
+            "drop 'policy' or the host pools (host_kv_tokens, host_state_slots, host_memory_ratio)"
+        )
+    if config.enable_unified_memory:
+        return (
+            f"unified memory refuses research policy {name!r}: its give-way rule, not the policy, picks "
+            "which side loses bytes when KV and states meet; drop 'policy' or enable_unified_memory"
+        )
+    return None
+
+
+def _policy_config(spec: RunSpec) -> CacheConfig:
+    """The config a policy run uses: the policy's preset over the run's config (equal to it on every field
+    the run set: :func:`policy_problem`)."""
+    from mamba_radix.policies.registry import find_spec
+
+    found = find_spec(str(spec.policy))
+    assert found is not None  # validated
+    return found.configure(spec.cache_config())
 
 
 def synthetic_label(synthetic: dict[str, Any]) -> str:
@@ -375,6 +438,9 @@ def run_one(
 
     ``requests`` replays an in-memory trace instead of ``spec.trace`` (tests, synthetic workloads);
     ``progress(n)`` is called with the number of finished requests after each one finishes.
+    ``spec.policy``: the research policy runs in the cache, on the same pools and engine options; it
+    reads the whole trace (the oracle's future), so a trace file is loaded into memory first, and its
+    pre-passes (the oracle's demand replay) run before the engine.
     Side effects: none outside the process (builds its own pools and cache). Raises ``ConfigError`` for
     a bad configuration or pools too large to simulate (before allocating them), ``TraceFormatError``
     for a bad trace.
@@ -383,6 +449,21 @@ def run_one(
     trace = _local_trace(spec.trace)
     if requests is None and spec.synthetic is not None:
         requests = synthetic_requests(spec.synthetic, spec.limit)
+    if spec.policy is not None:
+        problem = policy_problem(spec)
+        if problem:
+            raise ConfigError(problem)
+        config = _policy_config(spec)
+        if requests is None:
+            requests = list(
+                iter_trace(
+                    trace,
+                    spec.trace_format,
+                    spec.block_size,
+                    spec.limit,
+                    block_convention=spec.block_convention,
+                )  # type: ignore[arg-type]
+            )
     ideal_hits: tuple[int, ...] | None = None
     if requests is not None:
         num = len(requests)
@@ -403,7 +484,14 @@ def run_one(
     options = _engine_options(spec, spec.infinite)
     check_sim_memory(pools, config, max_len, options.max_running_requests)
     start = wall_clock()
-    engine = Engine(config, pools, max_len, options)
+    policy = None
+    if spec.policy is not None:
+        from mamba_radix.policies.registry import PolicyContext, find_spec
+
+        found = find_spec(spec.policy)
+        assert found is not None and requests is not None  # validated and loaded above
+        policy = found.make(config, PolicyContext(requests, pools, spec.model))
+    engine = Engine(config, pools, max_len, options, policy=policy)
     source = (
         requests
         if requests is not None
@@ -569,7 +657,8 @@ _DEFINITION_KEYS = {
 
 def load_definition(path: str | Path) -> dict[str, Any]:
     """Read an experiment definition JSON file. Raises :class:`ConfigError` naming the file (missing,
-    a folder, not JSON, not an object). No side effects."""
+    a folder, not JSON, not an object). A plot's ``fidelity`` file becomes a full path (beside the
+    definition, else the bundled one: :func:`_resolve_data_file`). No side effects."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"experiment definition {p} is a folder, not a JSON file")
@@ -583,7 +672,26 @@ def load_definition(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: cannot read ({exc})") from None
     if not isinstance(definition, dict):
         raise ConfigError(f"{p}: an experiment definition is a JSON object")
+    for plot in definition.get("plots") or []:
+        if isinstance(plot, dict) and isinstance(plot.get("fidelity"), str):
+            # the report reads it later, from any folder: resolved now, as a trace is (resolve_trace)
+            plot["fidelity"] = _resolve_data_file(plot["fidelity"], p.parent)
     return definition
+
+
+def _resolve_data_file(name: str, base_dir: Path) -> str:
+    """A file a definition names: absolute as it is; else beside the definition when there; else the
+    bundled file of that name (``mamba_radix/data/experiments``) when there; else beside the definition
+    (missing: the definition's check reports it). O(1) filesystem look-ups."""
+    if os.path.isabs(name):
+        return name
+    local = base_dir / name
+    if local.is_file():
+        return str(local.resolve())
+    from mamba_radix.data import data_path
+
+    bundled = data_path("experiments", Path(name).name)
+    return str(bundled if bundled.is_file() else local.absolute())
 
 
 def expand_definition(
@@ -600,14 +708,16 @@ def expand_definition(
     ``vary`` (parameter -> list of values; the runs are the cartesian product), and optionally
     ``synthetic`` (``{"generator", "seed", "args"}``, see :func:`synthetic_label`: the group replays that
     seeded workload instead of the trace, and ``limit`` applies to it only if the group gives its own
-    ``limit``). Parameters are CacheConfig fields, EngineOptions fields, CostModel fields, or budget
+    ``limit``), and ``policy`` (a research policy's name, :attr:`RunSpec.policy`: its runs are refused,
+    with the reason, where :func:`policy_problem` says so). Parameters are CacheConfig fields, EngineOptions fields, CostModel fields, or budget
     fields (``budget_gib``, ``mamba_full_memory_ratio``, ``max_mamba_cache_size``, ``infinite``,
     ``kv_tokens`` and ``state_slots``, and the sizing inputs ``enable_linear_replayssm_spec`` and
     ``linear_replayssm_cache_len``), or ``peer`` (a name of :data:`mamba_radix.peers.PEERS`, or null:
     applied after the other parameters; a parameter the peer would set to another value is refused, as on
     the command line). The options of :data:`NOT_SWEEPABLE` (``log``, ``log_every``, ``cost``) are
     refused with the reason. Runs with identical parameters in several groups are kept once (the first group
-    names them). Also ``plots`` (checked: each needs ``file``) and ``reference`` (a results file, for the
+    names them). Also ``plots`` (checked: each needs ``file``; a ``"kind": "memory"`` plot is checked by
+    :func:`mamba_radix.experiment_report.memory_plot_problems`) and ``reference`` (a results file, for the
     report's comparison). ``check_traces``: also report a trace file that does not exist or is not a
     file (the command line always checks). O(runs), plus one stat per trace.
     """
@@ -641,6 +751,12 @@ def expand_definition(
             problems.append(f"plot {i}: needs a 'file' (the PNG name)")
     # what the report cannot draw (a y_unit it does not know) is refused here, before any run
     problems += plot_problems([p for p in plots if isinstance(p, dict)])
+    memory_plots = [(i, p) for i, p in enumerate(plots) if isinstance(p, dict) and p.get("kind") == "memory"]
+    if memory_plots:
+        from mamba_radix.experiment_report import memory_plot_problems
+
+        for i, plot in memory_plots:
+            problems += memory_plot_problems(i, plot, groups)
     base = dict(definition.get("base", {}))
     specs: list[RunSpec] = []
     seen: dict[str, str] = {}
@@ -653,6 +769,10 @@ def expand_definition(
             continue
         keys = list(vary)
         synthetic = group.get("synthetic")
+        policy = group.get("policy")
+        if policy is not None and not isinstance(policy, str):
+            problems.append(f"{where}: 'policy' must be a policy's name (e.g. \"oracle\") or null")
+            continue
         label = ""
         if synthetic is not None:
             try:
@@ -666,7 +786,7 @@ def expand_definition(
             parts = _split_params(params, where, problems)
             if len(problems) > before:
                 break  # the same unknown parameter in every combination: say it once
-            fingerprint = json.dumps([params, synthetic], sort_keys=True)
+            fingerprint = json.dumps([params, synthetic, policy], sort_keys=True)
             if fingerprint in seen:
                 continue
             run_id = f"{len(specs):03d}"
@@ -687,6 +807,7 @@ def expand_definition(
                     group=name,
                     peer=parts["peer"].get("peer"),
                     deployment=parts["deployment"],
+                    policy=policy,
                     **parts["budget"],
                 )
                 spec.validate()  # early, with the parameter named in the message
