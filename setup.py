@@ -12,7 +12,10 @@ against). ``mamba_radix._ctokens`` (``mamba_radix/_ctokens.c``) is the request l
 compiled, optional the same way (:mod:`mamba_radix.lifecycle` then runs its ``struct.pack`` check, the
 reference). ``mamba_radix._cstate`` (``mamba_radix/_cstate.c``) is the state pool's one-slot copy on the
 CPU, optional the same way (:class:`mamba_radix.pools.MambaPool` then copies through numpy, the reference).
-An editable install (``pip install -e .``) builds all three in place next to the sources.
+``mamba_radix._cfree`` (``mamba_radix/_cfree.c``) is the host free list's multi-chunk release (an eviction's
+frees) compiled, optional the same way (:class:`mamba_radix.pools.host_free_list.HostFreeList` then runs its
+numpy scatters, the reference). An editable install (``pip install -e .``) builds all four in place next to
+the sources.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -47,4 +50,10 @@ CSTATE = Extension(
     optional=True,
 )
 
-setup(packages=packages_found(), ext_modules=[CWALK, CTOKENS, CSTATE])
+CFREE = Extension(
+    "mamba_radix._cfree",
+    sources=["mamba_radix/_cfree.c"],
+    optional=True,
+)
+
+setup(packages=packages_found(), ext_modules=[CWALK, CTOKENS, CSTATE, CFREE])

@@ -61,6 +61,7 @@ OUR_POOL_METHODS = (
     "alloc_extend",
     "alloc_decode",
     "free",
+    "free_chunks",
     "undo_alloc",
     "available_size",
     "write",

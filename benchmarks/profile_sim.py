@@ -60,6 +60,37 @@ def build_engine(traces: list[TraceRequest]) -> Any:
     )
 
 
+def profile_only(prof: cProfile.Profile, cache: Any, names: list[str]) -> None:
+    """Wrap ``cache``'s methods ``names`` (instance attributes shadowing the class's; a dotted name is a
+    method of an object the cache holds, e.g. ``lifecycle.cache_finished_req``) so that ``prof``
+    runs only inside them; a call nested in another profiled one (a finish that evicts) stays inside the
+    outer one's window. Side effect: sets the wrappers on ``cache``."""
+    depth = [0]
+
+    def wrap(method: Any) -> Any:
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            if depth[0] == 1:
+                prof.enable()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    prof.disable()
+
+        return profiled
+
+    for name in names:
+        *path, attr = name.split(".")
+        owner = cache
+        for step in path:  # "lifecycle.cache_finished_req": a method of an object the cache holds
+            owner = getattr(owner, step, None)
+        if not callable(getattr(owner, attr, None)):
+            raise SystemExit(f"--only: the cache has no method {name!r}")
+        setattr(owner, attr, wrap(getattr(owner, attr)))
+
+
 def short_path(filename: str) -> str:
     """A repository-relative path for our files, the tail for others (site-packages, builtins)."""
     try:
@@ -124,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", default=str(trace_path()), help="block-format trace file")
     p.add_argument("--save", metavar="FILE", help="also write the raw profile (pstats format) to FILE")
     p.add_argument("--no-baseline", action="store_true", help="skip the unprofiled run")
+    p.add_argument(
+        "--only",
+        default="",
+        help="profile only inside these cache methods, comma-separated (e.g. evict,"
+        "lifecycle.cache_finished_req); "
+        "empty: the whole replay",
+    )
     args = p.parse_args(argv)
     if args.limit < 1 or args.top < 1:
         p.error("--limit and --top must be >= 1")
@@ -139,10 +177,15 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = build_engine(traces)
     prof = cProfile.Profile()
+    only = [name for name in args.only.split(",") if name]
     t0 = time.perf_counter()
-    prof.enable()
-    engine.run(traces, total=len(traces))
-    prof.disable()
+    if only:
+        profile_only(prof, engine.cache, only)
+        engine.run(traces, total=len(traces))
+    else:
+        prof.enable()
+        engine.run(traces, total=len(traces))
+        prof.disable()
     prof_s = time.perf_counter() - t0
     stats = pstats.Stats(prof, stream=io.StringIO())
     if args.save:

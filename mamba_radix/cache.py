@@ -646,10 +646,18 @@ class MambaRadixCache(HostTierCache):
         if self._events is not None:
             self._events.released(freed)
         if freed.kv:
-            kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
+            # the victims' KV tensors go back as they are, one per node: no concatenation, and on the CPU
+            # no copy (the nodes are detached: nothing writes their KV tensors again)
             if self._tree_kv is not None:
-                self._tree_kv.release(kv)
-            self.token_to_kv_pool_allocator.free(kv, check=False)
+                for kv in freed.kv:
+                    self._tree_kv.release(kv)
+            allocator = self.token_to_kv_pool_allocator
+            free_chunks = getattr(allocator, "free_chunks", None)  # an allocator of ours has it
+            if free_chunks is not None:
+                free_chunks(freed.kv)
+            else:
+                kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
+                allocator.free(kv, check=False)
         if freed.slots:
             self._checkpoint_slots().free(freed.slots, check=False)
         if freed.host_kv:  # the host tier: host copies of nodes that left the tree

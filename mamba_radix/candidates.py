@@ -49,6 +49,12 @@ class KeySet:
         """The smallest member, or None. O(1)."""
         return self._sorted[0] if self._sorted else None
 
+    def replace_first(self, key: Key) -> None:
+        """Drop the smallest member (the one :meth:`first` just returned) and make ``key`` a member: a
+        re-key of the front entry. O(log n)."""
+        self._sorted.pop(0)
+        self._sorted.add(key)
+
     def keys(self) -> list[Key]:
         """The members in order. O(n)."""
         return list(self._sorted)
@@ -101,6 +107,13 @@ class LazyKeySet:
             dead.remove(key)
             ordered.pop(0)
         return None
+
+    def replace_first(self, key: Key) -> None:
+        """Drop the smallest member (the one :meth:`first` just returned, so the list's front: no dead
+        key is left before it) and make ``key`` a member: a re-key of the front entry without marking
+        the old key dead and dropping it again at the next :meth:`first`. O(log n)."""
+        self._sorted.pop(0)
+        self.add(key)
 
     def _compact(self) -> None:
         """Rebuild the list from its live keys (already sorted: one linear pass). O(n)."""

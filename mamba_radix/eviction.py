@@ -340,7 +340,8 @@ class LazyStampIndex(OrderIndex):
             return None
         node = self._nodes[key[-1]]
         while (current := self._full_key(node)) != key:  # touched since it was listed: move it back
-            node.full_evict_key = _relisted(self._full, key, current)
+            self._full.replace_first(current)  # key is the front entry: popped, not marked dead
+            node.full_evict_key = current
             key = self._full.first()  # never None: the node itself is listed again
             node = self._nodes[key[-1]]  # type: ignore[index]
         return node
@@ -352,7 +353,8 @@ class LazyStampIndex(OrderIndex):
             return None
         node = self._nodes[key[-1]]
         while (current := self._mamba_key(node)) != key:
-            node.mamba_evict_key = _relisted(self._mamba, key, current)
+            self._mamba.replace_first(current)
+            node.mamba_evict_key = current
             key = self._mamba.first()
             node = self._nodes[key[-1]]  # type: ignore[index]
         return node

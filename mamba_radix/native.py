@@ -1,13 +1,15 @@
 """The one switch for the optional C extensions (``mamba_radix/_cwalk.c``, the tree's walk loop,
-``mamba_radix/_ctokens.c``, the prompt check, and ``mamba_radix/_cstate.c``, the one-slot state copy).
+``mamba_radix/_ctokens.c``, the prompt check, ``mamba_radix/_cstate.c``, the one-slot state copy, and
+``mamba_radix/_cfree.c``, an eviction's multi-chunk free).
 
 ``MAMBA_RADIX_C=0`` in the environment makes every compiled path fall back to its pure-Python
 reference (the same results, more slowly); ``1``, the default, uses each extension that was built. Any
 other value is refused with :class:`InvalidArgument`. Each fast path is chosen from it once, where its
 user is built, and never tested on the path itself: the tree's walk per tree
 (:func:`mamba_radix.walks.choose_walk`; the switch read at import), the token check per request lifecycle
-(:func:`mamba_radix.token_checks.make_token_check`) and the state copy per state pool
-(:func:`mamba_radix.pools.mamba_pool.compiled_copy_row`), the switch read then.
+(:func:`mamba_radix.token_checks.make_token_check`), the state copy per state pool
+(:func:`mamba_radix.pools.mamba_pool.compiled_copy_row`) and the multi-chunk release per host free list
+(:func:`mamba_radix.pools.host_free_list.compiled_release_ids`), the switch read then.
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@
 # - Never pulls the multi-GB CUDA build of torch onto a CPU machine: when no torch is present it installs
 #   the CPU build (from a local wheel where this machine kind keeps one, else from PyTorch's CPU index).
 # - Re-running is cheap: a stamp file records the hash of pyproject.toml, setup.py, the C extensions' sources
-#   (mamba_radix/_cwalk.c, _ctokens.c, _cstate.c: a change rebuilds them) and this script.
+#   (mamba_radix/_cwalk.c, _ctokens.c, _cstate.c, _cfree.c: a change rebuilds them) and this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 STAMP="$VENV/.mamba_radix_installed"
-want="$(cat pyproject.toml setup.py mamba_radix/_cwalk.c mamba_radix/_ctokens.c mamba_radix/_cstate.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py mamba_radix/_cwalk.c mamba_radix/_ctokens.c mamba_radix/_cstate.c mamba_radix/_cfree.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import mamba_radix, torch" 2>/dev/null; then
     exit 0

@@ -104,7 +104,7 @@ class FifoFreeList(HostFreeList):
             return
         self.free(ids, check=True)
 
-    def _park(self, chunk: object, count: int) -> None:
+    def _park(self, chunk: object, count: int, marked: bool = False) -> None:
         # every free ends here, its checks done and its bits cleared: the ids join the queue's back
         self._queue.extend(chunk if type(chunk) is list else chunk.tolist())  # type: ignore[attr-defined]
 

@@ -197,6 +197,16 @@ class FreeList:
         self.allocated[ids] = False
         self._park(ids.clone(), ids.numel())  # own a copy: never keep or alias a view of the caller's
 
+    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
+        """Trusted free of several 1-D int64 id tensors at once (an eviction's victims, one per node): the
+        same result as ``free(torch.cat(chunks), check=False)`` (the same bits, the same ids waiting in
+        the same order), which is what this reference does. No misuse check (see :meth:`free`): the
+        chunks must hold allocated ids, each once. A variant may keep the chunks themselves instead of a
+        copy (:class:`~.host_free_list.HostFreeList`), so the caller must never write them afterwards.
+        O(ids)."""
+        if chunks:
+            self.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
+
     def free_containing(self, ids: torch.Tensor, divisor: int, check: bool = True) -> None:
         """Free each id ``ids // divisor`` once, however often it occurs (the paged allocator frees the
         pages its token indices fall in). Errors and ``check`` as :meth:`free`, in terms of the divided

@@ -257,6 +257,13 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
             self._check_token_range(idx)  # raises the more precise token-level error if there is one
             raise
 
+    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
+        """Trusted free of several index tensors at once (an eviction's victims' KV): exactly
+        ``free(torch.cat(chunks), check=False)`` (a page is freed once however many chunks hold its
+        indices). O(indices)."""
+        if chunks:
+            self.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
+
     def _check_token_range(self, idx: torch.Tensor) -> None:
         """Raise the token-level error for an index in the padding page or past the last page, if any
         (``from None``: called while the page-level error is handled, which it replaces)."""

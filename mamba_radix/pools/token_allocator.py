@@ -70,6 +70,12 @@ class TokenToKVPoolAllocator(FreeListBatching):
         """
         self._free_list.free(as_index_tensor(indices, self.device, "KV index"), check)
 
+    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
+        """Trusted free of several 1-D int64 index tensors at once (an eviction's victims' KV, one tensor
+        per node): as ``free(torch.cat(chunks), check=False)``, without the concatenation, and on the CPU
+        without a copy (the pool keeps the tensors: never write them afterwards). O(indices)."""
+        self._free_list.free_chunks(chunks)
+
     def undo_alloc(self, indices: torch.Tensor) -> None:
         """Give back what the most recent :meth:`alloc` returned as if it had not run (the next ``alloc``
         hands out the same indices in order): for a transactional caller whose later step failed. O(k)."""
