@@ -3,6 +3,21 @@
 :class:`~mamba_radix.tree_host.HostBackup`), evicts host copies, and plans and applies load-backs
 (:class:`~mamba_radix.cache_results.LoadPlan`). A mixin over the cache's own state (``host_kv_pool``,
 ``host_state_pool``, ``host_stats``, set up in ``MambaRadixCache.__init__``); the tree decides, this frees.
+
+Our write policy, ``resumable`` (issue 25; ``docs/host-tier.md``): the host keeps what a later request can
+resume from, not every node. A checkpoint is backed up only if it is a *resume point*
+(:meth:`RadixTree.is_resume_point`: below it the tree reaches a sequence's end or a fork before any other
+checkpoint), with the KV of its path, top-down, so the host copies stay one subtree. The copies are made
+at device eviction (as ``write_back``: the tree's demotion of a leaf, or :meth:`backup_state` before an
+internal checkpoint is dropped), not at hand-over. Measured against hand-over copies (as ``write_through``,
+for the inserted tail and a fork's checkpoint) and both together, with ``mamba-radix simulate --synthetic
+chat|agent|tree|system-prompt --model kimi-k3 --tp-size 8 --mamba-radix-cache-strategy extra_buffer
+--mode timed --host-memory-ratio 4`` at 0.5 to 2 GiB (docs/host-tier.md has the numbers): eviction-time
+copies gave the same token hit rate on chat, agent and system-prompt and a higher one on tree (78.58% vs
+78.03% at 0.5 GiB), with 22% to 75% fewer states copied (chat at 1 GiB: 74 states, 2.87 GiB moved, against
+213 states, 6.73 GiB). A hand-over copy of a chunk or turn boundary is mostly wasted: the next chunk or
+turn makes it stale before any request could resume there. Host eviction takes stale host checkpoints
+first (:meth:`RadixTree.evict_host`).
 """
 
 from __future__ import annotations
@@ -16,6 +31,7 @@ from mamba_radix.cache_results import EvictResult, LoadPlan
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.node import TreeNode
 from mamba_radix.radix_key import RadixKey
+from mamba_radix.tree_results import Freed
 
 
 class HostTierCache:
@@ -25,9 +41,16 @@ class HostTierCache:
         """Count a hit on each of ``nodes`` (top-down, device-resident) and back up those that reach the
         write policy's threshold (write_through: 1, write_through_selective: ``host_write_through_threshold``)
         and whose parent's KV is on the host (or is the root), as SGLang's ``write_backup`` requires: the
-        host copies stay a subtree from the root. O(nodes) plus the copies."""
+        host copies stay a subtree from the root. Under ``resumable`` nothing is copied here; the last
+        node's parent is passed to :meth:`RadixTree.note_shape_change`. O(nodes) plus the copies."""
         threshold = self._host_threshold
         root = self.tree.root
+        if self.tree.resumable:
+            # no copy now (resumable copies at device eviction); only the shape: the insert's tail may
+            # make a checkpoint above it stale (a later turn extends its sequence). O(chain above it)
+            if nodes and nodes[-1].parent is not None:
+                self.tree.note_shape_change(nodes[-1].parent)
+            return
         for node in nodes:
             hits = self.tree.count_hit(node)
             if hits < threshold or node.value is None:
@@ -35,7 +58,18 @@ class HostTierCache:
             if node.host_kv is None and (node.parent is root or node.parent.host_kv is not None):  # type: ignore[union-attr]
                 self.backup_kv(node)
             if node.host_kv is not None and node.mamba_slot is not None and node.host_slot is None:
-                self.backup_state(node)
+                self._copy_state(node)
+
+    def _backup_path_kv(self, node: TreeNode) -> bool:
+        """Back up the KV of device-resident ``node`` and of its ancestors that have no host copy, top-down
+        (the host copies stay one subtree); whether ``node``'s KV is on the host now. O(depth) plus the
+        copies."""
+        root = self.tree.root
+        chain = []
+        while node is not root and node.host_kv is None:
+            chain.append(node)
+            node = node.parent  # type: ignore[assignment]
+        return all(self.backup_kv(x) for x in reversed(chain))  # all() stops at the first failure
 
     def backup_kv(self, node: TreeNode) -> bool:
         """Copy ``node``'s device KV into host rows and record it on the node (the tree's
@@ -54,8 +88,17 @@ class HostTierCache:
         return True
 
     def backup_state(self, node: TreeNode) -> bool:
-        """Copy ``node``'s device checkpoint into a host slot and record it (as :meth:`backup_kv`). The copy
-        runs on the current stream, ahead of any later reuse of the device slot. O(slot bytes)."""
+        """Copy ``node``'s device checkpoint into a host slot and record it (as :meth:`backup_kv`): the
+        tree's call before it drops a checkpoint (``write_back``, ``resumable``). Under ``resumable`` only a
+        resume point is copied (:meth:`RadixTree.is_resume_point`), with its path's KV first. The copy runs
+        on the current stream, ahead of any later reuse of the device slot. O(slot bytes), plus O(depth)
+        and the KV copies under ``resumable``."""
+        if self.tree.resumable and (not self.tree.is_resume_point(node) or not self._backup_path_kv(node)):
+            return False
+        return self._copy_state(node)
+
+    def _copy_state(self, node: TreeNode) -> bool:
+        """:meth:`backup_state` without the policy's filter. O(slot bytes)."""
         pool, stats = self.host_state_pool, self.host_stats
         assert pool is not None and stats is not None and node.mamba_slot is not None
         if pool.available_size() < 1:
@@ -67,6 +110,12 @@ class HostTierCache:
         self.tree.set_host_copy(node, host_slot=int(host_slots[0]))
         stats.states_backed_up += 1
         return True
+
+    def release_host(self, freed: Freed) -> None:
+        """Free host copies the tree dropped from live nodes (the tree's
+        :class:`~mamba_radix.tree_host.HostBackup` call: the per-path cap under ``host_path_cap="drop"``).
+        Trusted: each slot was the node's alone. O(slots)."""
+        self._release(freed)
 
     def evict_host(self, num_tokens: int = 0, num_slots: int = 0) -> EvictResult:
         """Free at least ``num_tokens`` host KV rows and ``num_slots`` host state slots by removing host-only
@@ -103,6 +152,7 @@ class HostTierCache:
         assert anchor is not None
         num_tokens = sum(len(node.key) for node in nodes)
         tree.host_pinned.update(node.id for node in nodes)
+        tree.host_pinned.add(target.id)  # its host checkpoint too (a stale one could be taken, resumable)
         tree.inc_lock_ref(anchor, checkpoint=False)  # the root: a no-op
         kv = (
             self.alloc_token_slots(num_tokens)
@@ -113,7 +163,7 @@ class HostTierCache:
         if kv is None or slot is None:
             if kv is not None and kv.numel():
                 self.token_to_kv_pool_allocator.free(kv, check=False)
-            self._end_load_back(nodes, anchor)
+            self._end_load_back(nodes, anchor, target)
             stats.loads_skipped += 1
             return None
         assert target.host_slot is not None
@@ -131,8 +181,9 @@ class HostTierCache:
         self._open_plans[plan.plan_id] = plan
         return plan
 
-    def _end_load_back(self, nodes: tuple[TreeNode, ...], anchor: TreeNode) -> None:
+    def _end_load_back(self, nodes: tuple[TreeNode, ...], anchor: TreeNode, target: TreeNode) -> None:
         self.tree.host_pinned.difference_update(node.id for node in nodes)
+        self.tree.host_pinned.discard(target.id)
         self.dec_lock_ref(anchor, checkpoint=False)
 
     def apply_load_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -165,7 +216,7 @@ class HostTierCache:
             self._tree_kv.hold(plan.device_kv)
         anchor = plan.nodes[0].parent if plan.nodes else plan.target
         assert anchor is not None
-        self._end_load_back(plan.nodes, anchor)
+        self._end_load_back(plan.nodes, anchor, plan.target)
         stats = self.host_stats
         stats.host_hits += 1
         stats.kv_loaded += plan.num_tokens

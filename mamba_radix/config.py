@@ -24,6 +24,7 @@ __all__ = [
     "CHECKPOINT_FORMATS",
     "EVICTION_ORDERS",
     "FIELD_CHOICES",
+    "HOST_PATH_CAP_MODES",
     "HOST_WRITE_POLICIES",
     "LRU_REFRESH_MODES",
     "SLOT_HEADROOM_MODES",
@@ -33,6 +34,7 @@ __all__ = [
     "CheckpointAdmission",
     "CheckpointFormat",
     "EvictionOrder",
+    "HostPathCap",
     "HostWritePolicy",
     "LruRefresh",
     "ResolvedStrategy",
@@ -50,7 +52,8 @@ CheckpointAdmission = Literal["all", "branch_and_end"]
 SlotHeadroom = Literal["exact", "per_chunk"]
 UnifiedGiveWay = Literal["sglang", "older_victim", "floor"]
 CheckpointFormat = Literal["model", "int8", "fp8_e4m3"]
-HostWritePolicy = Literal["write_through", "write_through_selective", "write_back"]
+HostWritePolicy = Literal["write_through", "write_through_selective", "write_back", "resumable"]
+HostPathCap = Literal["keep", "drop"]
 
 STRATEGIES: tuple[str, ...] = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 EVICTION_ORDERS: tuple[str, ...] = ("leaf_first", "root_first", "mixed", "flop_weighted")
@@ -82,8 +85,12 @@ UNIFIED_GIVE_WAY_RULES: tuple[str, ...] = ("sglang", "older_victim", "floor")
 # here, so that a config is validated without importing torch
 CHECKPOINT_FORMATS: tuple[str, ...] = ("model", "int8", "fp8_e4m3")
 # when a node's KV and checkpoint get their host copy (SGLang's --hicache-write-policy; docs/host-tier.md):
-# at insert, after N hits, or at device eviction
-HOST_WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
+# at insert, after N hits, or at device eviction; and ours, resumable: only the checkpoints a later request
+# can resume from (sequence ends, the checkpoint a fork resumes from), at device eviction
+HOST_WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back", "resumable")
+# what the per-path cap (mamba_max_states_per_path) does to a dropped checkpoint's host copy: keep it (SGLang
+# #31230) or free it too, host-only checkpoints counting against the cap (SGLang #39853's flag)
+HOST_PATH_CAP_MODES: tuple[str, ...] = ("keep", "drop")
 # SGLang's write-through threshold: a node is backed up at its first hit under write_through, its second
 # under write_through_selective (HiRadixCache.write_through_threshold)
 DEFAULT_HOST_WRITE_THROUGH_THRESHOLD = 2
@@ -242,8 +249,15 @@ class CacheConfig:
       seeds list the host tier as incompatible with it).
     - ``host_write_policy``: when a node gets its host copy: ``write_through`` (at its first hit, an insert
       counting as one: SGLang's default), ``write_through_selective`` (at its
-      ``host_write_through_threshold``-th hit) or ``write_back`` (when the device evicts it).
+      ``host_write_through_threshold``-th hit), ``write_back`` (when the device evicts it) or
+      ``resumable`` (ours: only checkpoints a later request can resume from, a sequence's end or the
+      checkpoint a fork resumes from, copied when the device evicts them; host eviction takes stale
+      host checkpoints first).
     - ``host_write_through_threshold``: the hit count of ``write_through_selective`` (SGLang's: 2).
+    - ``host_path_cap``: what the per-path cap (``mamba_max_states_per_path``) does to the host copy of a
+      checkpoint it drops: ``keep`` (SGLang #31230: the host copy stays) or ``drop`` (host-only
+      checkpoints count against the cap too, and a dropped checkpoint loses both copies: SGLang #39853).
+      No effect without a cap or without the host tier.
     """
 
     page_size: int = 1
@@ -279,6 +293,7 @@ class CacheConfig:
     host_state_slots: int = 0
     host_write_policy: HostWritePolicy = "write_through"
     host_write_through_threshold: int = DEFAULT_HOST_WRITE_THROUGH_THRESHOLD
+    host_path_cap: HostPathCap = "keep"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -441,6 +456,13 @@ class CacheConfig:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
                 f"host_write_policy must be one of {', '.join(HOST_WRITE_POLICIES)}, got {policy!r}{hint}"
+            )
+        cap_mode = self.host_path_cap
+        if cap_mode not in HOST_PATH_CAP_MODES:
+            close = difflib.get_close_matches(str(cap_mode), HOST_PATH_CAP_MODES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"host_path_cap must be one of {', '.join(HOST_PATH_CAP_MODES)}, got {cap_mode!r}{hint}"
             )
         kv, slots = self.host_kv_tokens, self.host_state_slots
         if kv < 0 or slots < 0:

@@ -970,3 +970,42 @@ def memory_section(records: Sequence[dict[str, Any]], spec: dict[str, Any], fold
     if spec.get("fidelity"):
         lines += [*fidelity_table(load_fidelity(spec["fidelity"])), ""]
     return lines
+
+
+def reference_fractions(records: Sequence[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
+    """Markdown lines for a line plot with ``"reference_groups"`` (the host tier's tier-aware oracle): each
+    other group's token hit rate at each x value and, in brackets, its fraction of the best reference run at
+    that x (the reference groups' own rows last). [] when the plot has no reference groups or no runs.
+    O(runs)."""
+    refs = list(spec.get("reference_groups") or [])
+    if not refs:
+        return []
+    x_key = spec.get("x", "budget_gib")
+    others = _runs(records, [g for g in spec["groups"] if g not in refs], spec.get("where"))
+    oracles = _runs(records, refs, spec.get("where"))
+    if not others or not oracles:
+        return []
+    best: dict[Any, float] = {}
+    for r in oracles:
+        x = r["params"].get(x_key)
+        best[x] = max(best.get(x, 0.0), r["metrics"]["token_hit_rate"])
+    xs = sorted({r["params"].get(x_key) for r in others + oracles})
+    prefix = _prefix(spec["groups"])
+    rows: dict[str, dict[Any, str]] = {}
+    for r in others + oracles:
+        p, hit = r["params"], r["metrics"]["token_hit_rate"]
+        ref = best.get(p.get(x_key)) if r in others else None
+        cell = f"{100 * hit:.2f} % ({hit / ref:.2f})" if ref else f"{100 * hit:.2f} %"
+        rows.setdefault(str(p["group"])[len(prefix) :], {})[p.get(x_key)] = cell
+    x_name = "GiB" if x_key == "budget_gib" else x_key
+    lines = [
+        "Token hit rate (device and host hits) of each group, and in brackets its fraction of the best reference "
+        f"run at the same {x_name} ({', '.join(r[len(prefix) :] for r in refs)}).",
+        "",
+        "| group | " + " | ".join(f"{x:g} {x_name}" for x in xs) + " |",
+        "|---|" + "---:|" * len(xs),
+    ]
+    lines += [
+        f"| {name} | " + " | ".join(cells.get(x, "-") for x in xs) + " |" for name, cells in rows.items()
+    ]
+    return [*lines, ""]

@@ -203,6 +203,16 @@ def _host_write_policies() -> tuple[str, ...]:
     return HOST_WRITE_POLICIES
 
 
+def _host_path_cap_modes() -> tuple[str, ...]:
+    from mamba_radix.config import HOST_PATH_CAP_MODES
+
+    return HOST_PATH_CAP_MODES
+
+
+# mamba_radix.capacity.host.HOST_SPLITS, written out so that --help imports no numpy (a test holds them equal)
+_HOST_SPLIT_NAMES = ("ratio", "planned")
+
+
 def _host_links() -> tuple[str, ...]:
     from mamba_radix.cost_model import HOST_LINK_PRESETS
 
@@ -249,7 +259,7 @@ def _cache_flags() -> list[Flag]:
          ALL, True),
         ("--enable-unified-memory", bool_value,
          "KV and states share one byte budget (SGLang's unified memory pool): slots and KV tokens move with "
-         "load; not with --adaptive-split or page size > 1 in the simulator", ALL, True),
+         "load; not with --adaptive-split in the simulator", ALL, True),
         ("--unified-memory-give-way", choice(_choices("unified_memory_give_way")),
          "unified memory: who gives way when the sides meet: sglang (the requester evicts its own, a state "
          "shortfall then KV), older_victim (the older LRU victim of the two), floor (each side keeps half "
@@ -261,7 +271,11 @@ def _cache_flags() -> list[Flag]:
          "host tier: slots of the host state pool (with --host-kv-tokens; 0 = no host tier)", SIM, False),
         ("--host-write-policy", choice(_host_write_policies()),
          "host tier: when a node gets its host copy: write_through (at insert), write_through_selective "
-         "(at its Nth hit) or write_back (at device eviction)", SIM, False),
+         "(at its Nth hit), write_back (at device eviction) or resumable (ours: at device eviction, only "
+         "checkpoints a later request can resume from)", SIM, False),
+        ("--host-path-cap", choice(_host_path_cap_modes()),
+         "host tier: what the per-path cap (--mamba-max-states-per-path) does to a dropped checkpoint's host "
+         "copy: keep or drop", SIM, False),
         ("--host-write-through-threshold", int_in(1, 1 << 20),
          "host tier: write_through_selective's hit count before a backup", SIM, False),
     ]  # fmt: skip
@@ -396,6 +410,10 @@ def _other_flags() -> list[Flag]:
         Flag("--host-memory-ratio", "options", float_in(0.0, 1e3),
              "host tier: size both host pools at R x the device pools (KV tokens and state slots), instead of "
              "--host-kv-tokens / --host-state-slots (0 = no host tier)", SIM, "cache", metavar="R"),
+        Flag("--host-split", "options", choice(_HOST_SPLIT_NAMES),
+             "host tier: how the host bytes split between the host pools: ratio (each pool sized alone, as "
+             "SGLang) or planned (the same bytes, one host state slot per KV tokens a resumable point covers on "
+             "the workload: mamba_radix.capacity.host)", SIM, "cache", default_text="ratio", metavar="NAME"),
         Flag("--peer", "peer", _peer, "a peer preset: another system's cache rules as config changes "
              "(mamba_radix.peers; marconi-static is Marconi's admission with the static flop_weighted key, "
              "not the experiment's policy marconi), applied after the other flags; a flag it sets to another value "
@@ -468,6 +486,9 @@ def _planner_flags() -> list[Flag]:
         Flag("--disaggregation-mode", "plan", choice(("null", "prefill", "decode")),
              "PD disaggregation role (null: none); plan only checks what it rules out (unified memory)", PLAN,
              "cache", "null"),
+        Flag("--host-memory-gb", "plan", float_in(0.0, MAX_GIB, lo_open=True),
+             "host memory for the host tier in GiB: print its split into host KV tokens and host state slots "
+             "for the workload (the planner's rule, SGLang's --hicache-size split beside it)", PLAN, "memory"),
         Flag("--compare-memory-options", "plan", bool_value,
              "compare, at equal bytes, a static ratio (the given one and the workload's best), the adaptive "
              "split and the unified pool, each with every checkpoint format; needs a workload", PLAN, "workload",

@@ -23,7 +23,8 @@ With the host tier on (``docs/host-tier.md``), also: the device-resident nodes a
 each form a subtree from the root; a host-only node holds host KV, no device checkpoint and no lock, and a
 host-only leaf a host checkpoint; ``host_children`` counts the host-only children; a node's host KV has one
 index per token; every host KV index and host state slot is owned by exactly one node and allocated in its
-host pool, and every allocated one is owned (host pool used == sum over nodes; freed exactly once).
+host pool, and every allocated one is owned (host pool used == sum over nodes; freed exactly once); the
+``resumable`` policy's stale heap names each node once, as its id set says.
 
 Plus the structure itself: parent/child links and child keys, ``depth``, page alignment, lock arithmetic
 (``full_lock_ref == mamba_lock_ref + kv_lock_ref + sum(child.full_lock_ref)``), stamps not ahead of the
@@ -228,6 +229,10 @@ def check_tree_invariants(tree: RadixTree) -> None:
             f"host tier: the tree counts {len(tree.host_only_nodes)} host-only nodes, {tree.host_kv_tokens} host "
             f"KV tokens, {len(tree.host_slot_owner)} host slots; its nodes hold {host_only}, {host_tokens}, {host_slots}",
         )
+    if {entry[2] for entry in tree.host_stale} != tree.host_stale_ids or len(tree.host_stale) != len(
+        tree.host_stale_ids
+    ):
+        _fail(tree, "host tier: the stale heap (resumable) and its id set disagree, or an id is in it twice")
     if len(ids) != tree.num_nodes:
         _fail(tree, f"num_nodes is {tree.num_nodes} but the tree has {len(ids)} nodes")
     if num_slots != len(tree.slot_owner):

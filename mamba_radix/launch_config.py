@@ -16,6 +16,13 @@ deployed one. The rules:
   accepted and listed once as ignored. A ``null`` value is ignored too. (The speculative settings are
   ``simulate`` flags: they size its pools, and ``simulate`` says on stderr that they do nothing else.)
 - Any other key is a typo: a one-line error naming it and the closest known key, and nothing runs.
+- HiCache (SGLang's host tier): with ``enable_hierarchical_cache: true``, ``simulate`` and ``sweep`` get
+  ``--host-memory-ratio`` from ``hicache_ratio`` (2, SGLang's default, when absent or null) and
+  ``--host-write-policy`` from ``hicache_write_policy``; ``hicache_size`` (GB, which SGLang splits in
+  proportion to the device pools' bytes) needs the device pools, so there it is refused in one line (give
+  ``hicache_ratio``), while ``plan`` reads it as ``--host-memory-gb`` (GB -> GiB). An L3
+  ``hicache_storage_backend`` is refused (not modelled). Without the switch the ``hicache_*`` keys change
+  nothing (SGLang has no host tier then) and are listed as ignored.
 
 No side effects beyond reading the file; nothing here imports torch or numpy (``--help`` loads it).
 """
@@ -166,6 +173,11 @@ _NEGATED = {"enable_overlap_schedule": "--disable-overlap-schedule"}
 _INT8_SWITCH = "enable_int8_mamba_checkpoint"
 _RENAMED = {"int8_mamba_ckpt_size": "--checkpoint-slots"}
 _YAML_SUFFIXES = (".yaml", ".yml")
+# SGLang's HiCache settings (server_args.py "Hierarchical cache"): read together by _hicache_argv
+_HICACHE_SWITCH = "enable_hierarchical_cache"
+_HICACHE_MAPPED = ("hicache_ratio", "hicache_size", "hicache_write_policy", "hicache_storage_backend")
+SGLANG_DEFAULT_HICACHE_RATIO = 2.0  # ServerArgs._handle_hicache_ratio_default
+_GB_PER_GIB = (1 << 30) / 1e9  # hicache_size is decimal GB (pool_host: host_size * 1e9 // bytes per token)
 
 
 def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -250,10 +262,11 @@ def settings_to_argv(
     table = FLAGS()
     own = {f.flag: f for f in table if command in f.commands and f.where != "launch"}
     every = {f.dest for f in table if f.where != "launch"}
-    argv: list[str] = []
-    ignored: list[str] = []
+    argv, ignored, handled = _hicache_argv(settings, own, source)
     for raw_key, value in settings.items():
         key = str(raw_key).replace("-", "_")
+        if key in handled:
+            continue
         flag = _NEGATED.get(key) or "--" + key.replace("_", "-")
         if key == "model_path" and "--model" in own and isinstance(value, str):
             preset = _preset(value)
@@ -297,6 +310,83 @@ def settings_to_argv(
             raise ConfigError(f"{source}: {raw_key}: {err}") from None
         argv += [flag, text]
     return argv, ignored
+
+
+def _hicache_argv(
+    settings: dict[str, Any], own: dict[str, Any], source: str
+) -> tuple[list[str], list[str], set[str]]:
+    """The flags SGLang's HiCache keys set for a command whose flags are ``own``, the keys ignored, and
+    the keys handled here (the caller skips them). Raises :class:`ConfigError` (one line) for what cannot
+    be mapped: ``hicache_size`` where the host pools are sized by a ratio, an L3 storage backend, a
+    switch that is no boolean, a value the flag refuses. O(keys)."""
+    values = {str(k).replace("-", "_"): (k, v) for k, v in settings.items()}
+    keys = [k for k in (_HICACHE_SWITCH, *_HICACHE_MAPPED) if k in values]
+    if not keys:
+        return [], [], set()
+    raw_switch, switch = values.get(_HICACHE_SWITCH, (_HICACHE_SWITCH, False))
+    if switch is not None and not isinstance(switch, bool):
+        raise ConfigError(f"{source}: {raw_switch} must be true or false, got {switch!r}")
+    argv: list[str] = []
+    if "--enable-hierarchical-cache" in own and switch:  # plan: it checks what the tier rules out
+        argv += ["--enable-hierarchical-cache", "true"]
+    if not switch:
+        reason = " (no enable_hierarchical_cache: SGLang has no host tier)"
+        off = [k + reason for k in keys if k != _HICACHE_SWITCH]
+        if _HICACHE_SWITCH in values and "--enable-hierarchical-cache" not in own:
+            off.insert(0, _HICACHE_SWITCH)
+        return [], off, set(keys)
+    ignored: list[str] = []
+    storage = values.get("hicache_storage_backend", (None, None))[1]
+    if storage is not None:
+        raise ConfigError(
+            f"{source}: hicache_storage_backend {storage!r} (an L3 tier) is not modelled; drop it to simulate "
+            "the host tier alone"
+        )
+    raw_size, size = values.get("hicache_size", ("hicache_size", 0))
+    size = 0 if size is None else size
+    if not isinstance(size, (int, float)) or isinstance(size, bool) or size < 0:
+        raise ConfigError(f"{source}: {raw_size} must be a number of GB >= 0, got {size!r}")
+    if "--host-memory-gb" in own:
+        if size > 0:
+            argv += ["--host-memory-gb", repr(size / _GB_PER_GIB)]
+    elif "--host-memory-ratio" in own:
+        if size > 0:
+            raise ConfigError(
+                f"{source}: {raw_size} ({size} GB) needs the device pools to split, which the simulator sizes "
+                "later; give hicache_ratio (host pool / device pool) instead, or see the split with plan "
+                "--host-memory-gb"
+            )
+        ratio = values.get("hicache_ratio", (None, None))[1]
+        argv += _checked(
+            own, "--host-memory-ratio", SGLANG_DEFAULT_HICACHE_RATIO if ratio is None else ratio, source
+        )
+    policy = values.get("hicache_write_policy", (None, None))[1]
+    if policy is not None and "--host-write-policy" in own:
+        argv += _checked(own, "--host-write-policy", policy, source)
+    for k in keys:
+        flagged = {
+            "hicache_ratio": "--host-memory-ratio",
+            "hicache_size": "--host-memory-gb",
+            "hicache_write_policy": "--host-write-policy",
+            _HICACHE_SWITCH: "--enable-hierarchical-cache",
+        }.get(k)
+        if flagged not in own and k != "hicache_storage_backend":
+            ignored.append(k)
+    return argv, ignored, set(keys)
+
+
+def _checked(own: dict[str, Any], flag: str, value: Any, source: str) -> list[str]:
+    """``[flag, text]`` for ``value``, checked by the flag's own type (one-line :class:`ConfigError`)."""
+    text = _text(value)
+    if text is None:
+        raise ConfigError(
+            f"{source}: {flag[2:].replace('-', '_')} must be one value, got {type(value).__name__}"
+        )
+    try:
+        own[flag].kind(text)
+    except Exception as err:  # the flag type's own message
+        raise ConfigError(f"{source}: {flag}: {err}") from None
+    return [flag, text]
 
 
 def expand_config(argv: Sequence[str], commands: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -37,7 +37,16 @@ from typing import Any
 from mamba_radix.config import CacheConfig
 from mamba_radix.errors import ConfigError
 
-__all__ = ["MARCONI_ADMISSION", "PEERS", "RETIRED_PEERS", "Peer", "apply_peer", "peer_changes"]
+__all__ = [
+    "MARCONI_ADMISSION",
+    "PEERS",
+    "RETIRED_PEERS",
+    "SGLANG_HICACHE_RATIO",
+    "Peer",
+    "apply_peer",
+    "peer_changes",
+    "peer_engine_options",
+]
 
 Changes = dict[str, Any]
 
@@ -50,6 +59,9 @@ class Peer:
     name: str
     description: str
     changes: Callable[[CacheConfig], Changes]
+    # simulator options (EngineOptions fields) the preset brings where the caller gave none: the host
+    # tier's sizing, which needs the device pools and so is no CacheConfig field (peer_engine_options)
+    engine_options: tuple[tuple[str, Any], ...] = ()
 
 
 def _extra_buffer_if_needed(config: CacheConfig) -> Changes:
@@ -84,6 +96,23 @@ def sglang_0_5_23(config: CacheConfig) -> Changes:
     """SGLang 0.5.23's ``UnifiedRadixCache``: exactly the slots a request takes, evicted when it takes
     them; a deleted leaf's stateless ancestors kept as KV-only leaves."""
     return {**_sglang_policy(), "mamba_slot_headroom": "exact", "mamba_kv_only_leaves": True}
+
+
+# SGLang's default --hicache-ratio (ServerArgs._handle_hicache_ratio_default; 1.0 only for host-pool decode
+# retraction, which we do not model)
+SGLANG_HICACHE_RATIO = 2.0
+
+
+def sglang_0_5_23_hicache(config: CacheConfig) -> Changes:
+    """SGLang 0.5.23 with HiCache (``--enable-hierarchical-cache``): the 0.5.23 rules, SGLang's default
+    write policy (``write_through``) and its selective threshold (2). The host pools' sizes come from the
+    simulator (``host_memory_ratio`` R: each pool R x its device pool, SGLang's ``--hicache-ratio``; the
+    preset brings R = 2, SGLang's default, where neither R nor explicit host sizes are given)."""
+    return {
+        **sglang_0_5_23(config),
+        "host_write_policy": "write_through",
+        "host_write_through_threshold": 2,
+    }
 
 
 def sglang_legacy(config: CacheConfig) -> Changes:
@@ -166,6 +195,23 @@ PEERS: dict[str, Peer] = {
             sglang_0_5_23,
         ),
         Peer(
+            "sglang-0.5.23-hicache",
+            "SGLang 0.5.23's UnifiedRadixCache with HiCache for hybrids (--enable-hierarchical-cache, #19663, "
+            "#23316): the sglang-0.5.23 rules, a host KV pool and a host Mamba state pool each --hicache-ratio "
+            "x its device pool (host_memory_ratio; 2, SGLang's default, unless given; --hicache-size G splits G "
+            "GB in proportion to the device pools' bytes, the same proportion), its default write policy "
+            "write_through (a node is backed up when an insert creates it or gives it a checkpoint, if its "
+            "parent has a host copy), and a hit that ends in host-only nodes loads their KV and the deepest "
+            "host checkpoint (one state slot) back before the forward. Not equivalent: as sglang-0.5.23; host "
+            "KV rounded down to whole pages where SGLang adds one page (and one state slot) to int(R x "
+            "device); backups and loads are synchronous in the tree (SGLang's finish on a side stream, the "
+            "simulator times them on the host link); no L3 storage backend, prefetch or host-pool decode "
+            "retraction; write_back copies a victim's missing ancestors first (SGLang copies the victim alone); "
+            "host eviction scans host-only leaves LRU where SGLang keeps a host LRU list.",
+            sglang_0_5_23_hicache,
+            (("host_memory_ratio", SGLANG_HICACHE_RATIO),),
+        ),
+        Peer(
             "sglang-legacy",
             "SGLang before PR #31643: every match and insert walk re-stamps all checkpoints of its path, "
             "ancestors ending up older than descendants, so checkpoint eviction goes root-first within a "
@@ -234,6 +280,21 @@ def peer_changes(config: CacheConfig, name: str) -> Changes:
     unknown name, listing the known ones, or for a retired one (:data:`RETIRED_PEERS`), saying where its
     meaning went."""
     return _lookup(name).changes(config)
+
+
+def peer_engine_options(name: str | None, options: dict[str, Any], config: CacheConfig) -> dict[str, Any]:
+    """``options`` (EngineOptions fields) with peer ``name``'s simulator options added where the caller
+    set none: ``sglang-0.5.23-hicache`` adds ``host_memory_ratio`` 2 unless the options have a ratio or
+    ``config`` has explicit host pools. A new dict; ``options`` as it is for no peer or a peer without
+    options. Raises :class:`ConfigError` for an unknown or retired name. O(1)."""
+    if name is None:
+        return dict(options)
+    peer = _lookup(name)
+    out = dict(options)
+    for key, value in peer.engine_options:
+        if out.get(key) is None and not (key == "host_memory_ratio" and config.host_tier):
+            out[key] = value
+    return out
 
 
 def apply_peer(config: CacheConfig, name: str) -> CacheConfig:

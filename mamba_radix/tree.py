@@ -143,16 +143,23 @@ class RadixTree(HostTierTree):
         self.version = 0  # bumped by every structural change (nodes, edges, checkpoints): a Walk's validity
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
-        # the host tier (all empty while it is off): whether it is on, the cache's backup hook (write_back),
-        # host-only nodes by id (host eviction scans them), host slot -> node, host KV rows held, and the ids
-        # a load-back in progress protects from host eviction
+        # the host tier (all empty while it is off): whether it is on, the cache's backup hook (write_back,
+        # resumable, the cap's "drop"), host-only nodes by id (host eviction scans them), host slot -> node,
+        # host KV rows held, and the ids a load-back in progress protects from host eviction
         self.host_tier = config.host_tier
-        self.write_back = self.host_tier and config.host_write_policy == "write_back"
+        policy = config.host_write_policy
+        # resumable (ours) copies at device eviction, through the same hook as write_back
+        self.resumable = self.host_tier and policy == "resumable"
+        self.write_back = self.host_tier and policy in ("write_back", "resumable")
+        self.host_cap_drop = self.host_tier and config.host_path_cap == "drop"
         self.host_backup: HostBackup | None = None
         self.host_only_nodes: dict[int, TreeNode] = {}
         self.host_slot_owner: dict[int, TreeNode] = {}
         self.host_kv_tokens = 0
         self.host_pinned: set[int] = set()
+        # resumable: a lazy heap of host checkpoints that may no longer be resume points (tree_host)
+        self.host_stale: list[tuple[int, int, int, TreeNode]] = []
+        self.host_stale_ids: set[int] = set()
 
     # ------------------------------------------------------------------------------------------ helpers
     def tick(self) -> int:
@@ -455,21 +462,47 @@ class RadixTree(HostTierTree):
 
         Drops the shallowest checkpoints beyond the cap, skipping the tail, forks (``children != 1``)
         and mamba-locked nodes (a KV-only lock does not protect a checkpoint), so a path can stay above the
-        cap. O(path * log n).
+        cap. With the host tier, ``host_path_cap`` says what happens to a dropped checkpoint's host copy:
+        ``keep`` (the default, SGLang #31230) counts device checkpoints only and leaves host copies alone;
+        ``drop`` (SGLang #39853) counts a checkpoint held on either tier, skips nodes a load-back pins, and
+        frees both copies: the host slots through the :class:`HostBackup` hook at once (the device slots
+        come back to the caller). O(path * log n).
         """
         cap = self.config.mamba_max_states_per_path
         if cap < 0:
             return []
-        holders = [node for node in self.path_to_root(tail) if node.mamba_slot is not None]
+        drop_host = self.host_cap_drop
+        if drop_host:
+            holders = [
+                node
+                for node in self.path_to_root(tail)
+                if node.mamba_slot is not None or node.host_slot is not None
+            ]
+        else:
+            holders = [node for node in self.path_to_root(tail) if node.mamba_slot is not None]
         excess = len(holders) - cap
         freed = Freed()
+        host_freed = Freed()
         for node in reversed(holders):  # shallowest first
             if excess <= 0:
                 break
             if node is tail or node.mamba_lock_ref > 0 or len(node.children) != 1:
                 continue
-            self._drop_checkpoint(node, freed)
+            if drop_host:
+                if node.id in self.host_pinned:
+                    continue
+                if node.mamba_slot is not None:
+                    self._drop_checkpoint(node, freed)
+                if node.host_slot is not None:
+                    self._drop_host_slot(node, host_freed)
+            else:
+                self._drop_checkpoint(node, freed)
+                if self.resumable and node.host_slot is not None:
+                    self._note_stale(node)  # a mid-path copy the cap kept: host eviction takes it first
             excess -= 1
+        if host_freed.host_slots:
+            assert self.host_backup is not None
+            self.host_backup.release_host(host_freed)
         return freed.slots
 
     # -------------------------------------------------------------------------------------------- locks
@@ -587,7 +620,8 @@ class RadixTree(HostTierTree):
                 freed.slots.append(node.mamba_slot)
                 freed.num_states += 1
                 node.mamba_slot = None
-            if node.host_kv is not None:  # the host tier: its host copies go with it
+            # the host tier: its host copies go with it (a write_back checkpoint may have a host slot only)
+            if node.host_kv is not None or node.host_slot is not None:
                 self._drop_host_copies(node, freed)
             self.index.update(parent)
             if (

@@ -1,12 +1,22 @@
 """The radix tree's host tier (``config.host_tier``; ``docs/host-tier.md``): :class:`HostTierTree`, the part of
 :class:`~mamba_radix.tree.RadixTree` that records host copies, demotes device leaves, promotes host-only nodes
 back and evicts host-only leaves. A mixin over the tree's own state (the host registries ``host_only_nodes``,
-``host_slot_owner``, ``host_kv_tokens``, ``host_pinned`` are set up in ``RadixTree.__init__``); like the tree it
-decides and reports what to free (:class:`~mamba_radix.tree_results.Freed`), and the cache frees.
+``host_slot_owner``, ``host_kv_tokens``, ``host_pinned``, ``host_stale`` are set up in ``RadixTree.__init__``);
+like the tree it decides and reports what to free (:class:`~mamba_radix.tree_results.Freed`), and the cache
+frees.
+
+The ``resumable`` write policy's tree side: which checkpoints are *resume points* (:meth:`is_resume_point`),
+the backup filter at device eviction, and host eviction that takes *stale* host checkpoints (a deeper
+checkpoint on the same single-child chain serves every request that passes: a sequence's end that a later
+turn extended, a branch point that lost its branches) before the host-only leaves, least recently used
+first within each class. Stale candidates are kept in a lazy heap (``host_stale``): noted when an insert
+or a removal may have made one stale (O(depth) each), checked when popped, so no host eviction scans the
+tree for them.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,6 +38,10 @@ class HostBackup(Protocol):
 
     def backup_state(self, node: TreeNode) -> bool: ...
 
+    def release_host(self, freed: Freed) -> None:
+        """Free the host copies in ``freed`` that the tree just dropped from live nodes (the per-path cap
+        under ``host_path_cap="drop"``)."""
+
 
 class HostTierTree:
     """The host-tier methods of :class:`~mamba_radix.tree.RadixTree` (see the module docstring)."""
@@ -48,6 +62,85 @@ class HostTierTree:
             node.host_slot = host_slot
             self.host_slot_owner[host_slot] = node
 
+    def _drop_host_slot(self, node: TreeNode, freed: Freed) -> None:
+        """Hand ``node``'s host checkpoint to ``freed``; the node stays (its host KV too). O(1)."""
+        self.version += 1
+        slot = node.host_slot
+        assert slot is not None and self.host_slot_owner.get(slot) is node
+        del self.host_slot_owner[slot]
+        freed.host_slots.append(slot)
+        node.host_slot = None
+
+    # ------------------------------------------------------------------------------ resumable placement
+    def is_resume_point(self, node: TreeNode) -> bool:
+        """Whether a later request can resume from ``node``'s checkpoint, as the tree stands: below it, the
+        single-child chain reaches a leaf (a sequence's end) or a fork (>= 2 children: requests that
+        diverge there resume here) before any other checkpoint, on either tier. Otherwise a deeper
+        checkpoint serves every request that passes (a track-interval checkpoint inside a prompt, a turn
+        that a later turn extended): the checkpoint is *stale*. O(chain below it)."""
+        while len(node.children) == 1:
+            (node,) = node.children.values()
+            if node.mamba_slot is not None or node.host_slot is not None:
+                return False
+        return True
+
+    def note_shape_change(self, node: TreeNode) -> None:
+        """``resumable``: ``node`` gained or lost a child. Walk up its single-child chain to the nearest
+        checkpoint holder (either tier) and note it stale (:meth:`_note_stale`) if it has one child: its
+        chain may now reach a deeper checkpoint. A fork or the root ends the walk. O(depth + log n)."""
+        while node is not self.root:
+            if node.mamba_slot is not None or node.host_slot is not None:
+                if len(node.children) == 1:
+                    self._note_stale(node)
+                return
+            if len(node.children) != 1:
+                return
+            node = node.parent  # type: ignore[assignment]
+
+    def _note_stale(self, node: TreeNode) -> None:
+        """``resumable``: note that ``node`` may hold a stale host checkpoint (see :meth:`is_resume_point`),
+        for :meth:`evict_host` to take before the resumable ones; checked again when taken. A no-op for a
+        node without a host checkpoint, one noted already, or another policy. O(log n)."""
+        if self.resumable and node.host_slot is not None and node.id not in self.host_stale_ids:
+            if len(self.host_stale) > 2 * len(self.host_slot_owner) + 64:
+                self._compact_stale()
+            heapq.heappush(self.host_stale, (node.last_access, -node.depth, node.id, node))
+            self.host_stale_ids.add(node.id)
+
+    def _compact_stale(self) -> None:
+        """Drop the heap's entries that no longer name a stale host checkpoint, so that it stays within a
+        constant factor of the host slots. O(heap * chain): amortized O(chain) per note."""
+        keep = [e for e in self.host_stale if self._is_stale(e[3])]
+        heapq.heapify(keep)
+        self.host_stale = keep
+        self.host_stale_ids = {e[2] for e in keep}
+
+    def _is_stale(self, node: TreeNode) -> bool:
+        return node.owner is self and node.host_slot is not None and not self.is_resume_point(node)
+
+    def _evict_stale(self, num_slots: int, freed: Freed) -> None:
+        """Free the host checkpoints of stale nodes (see :meth:`_note_stale`), least recently used first (the
+        deeper of a tie first), until ``freed`` holds ``num_slots`` host slots or none is left; the nodes
+        stay. Entries whose node changed class are discarded, ones whose stamp moved are re-pushed (stamps
+        only grow, so the heap's order stays LRU). O(entries popped * log n)."""
+        heap, ids, pinned = self.host_stale, self.host_stale_ids, self.host_pinned
+        held: list[tuple[int, int, int, TreeNode]] = []
+        while heap and len(freed.host_slots) < num_slots:
+            stamp, neg_depth, node_id, node = heap[0]
+            if not self._is_stale(node):
+                heapq.heappop(heap)
+                ids.discard(node_id)
+            elif node.last_access != stamp:
+                heapq.heapreplace(heap, (node.last_access, neg_depth, node_id, node))
+            elif node_id in pinned:  # a load-back in progress reads it: back in the heap afterwards
+                held.append(heapq.heappop(heap))
+            else:
+                heapq.heappop(heap)
+                ids.discard(node_id)
+                self._drop_host_slot(node, freed)
+        for entry in held:
+            heapq.heappush(heap, entry)
+
     def _drop_host_copies(self, node: TreeNode, freed: Freed) -> None:
         """Hand ``node``'s host copies to ``freed`` (the node is leaving the tree). O(1)."""
         if node.host_kv is not None:
@@ -63,10 +156,18 @@ class HostTierTree:
     def _evict_device_leaf(self, leaf: TreeNode, freed: Freed) -> None:
         """Device eviction of an unlocked device leaf with the host tier on: demote it (device KV and
         checkpoint released, the node kept as host-only) when it has a host copy of its KV (under
-        ``write_back``, made now if the host has room) and is worth keeping there (a checkpoint's host copy,
-        or host-only children); else remove it as without the tier. O(log n) plus the copy."""
+        ``write_back``, made now if the host has room; under ``resumable`` only for a resume point holding
+        a checkpoint) and is worth keeping there (a checkpoint's host copy, or host-only children); else
+        remove it as without the tier. O(depth) plus the copy."""
         backup = self.host_backup
-        if self.write_back and backup is not None:
+        if (
+            self.write_back
+            and backup is not None
+            and (
+                not self.resumable
+                or (leaf.mamba_slot is not None and leaf.host_slot is None and self.is_resume_point(leaf))
+            )
+        ):
             # the host copies stay a subtree from the root: ancestors without one are copied first, top-down
             # (SGLang's write_back copies the victim alone; ours also keeps its ancestors' KV on the host)
             chain = []
@@ -80,7 +181,28 @@ class HostTierTree:
             if leaf.host_kv is not None and leaf.mamba_slot is not None and leaf.host_slot is None:
                 backup.backup_state(leaf)
         if leaf.host_kv is None or (not leaf.children and leaf.host_slot is None):
+            if leaf.host_kv is None and leaf.host_slot is not None:
+                # a checkpoint write_back copied while the node's KV had no host copy: it cannot stay on the
+                # host without its KV, and the removal frees host copies only with host KV
+                self._drop_host_slot(leaf, freed)
+            if not self.resumable:
+                self._remove_leaf(leaf, freed)
+                return
+            # the surviving ancestor lost a child: it may have become stale (the removal's cascade stops
+            # at a fork, a checkpoint or a lock; a miss only costs the preference, never correctness)
+            above = leaf.parent
+            assert above is not None
+            while (
+                above is not self.root
+                and len(above.children) == 1
+                and above.mamba_slot is None
+                and not above.full_lock_ref
+                and not self.config.mamba_kv_only_leaves
+            ):
+                above = above.parent  # type: ignore[assignment]
             self._remove_leaf(leaf, freed)
+            if above is not self.root and above.owner is self:
+                self.note_shape_change(above)
             return
         self.version += 1
         freed.kv.append(leaf.value)  # type: ignore[arg-type]
@@ -137,13 +259,16 @@ class HostTierTree:
     def evict_host(self, num_tokens: int = 0, num_slots: int = 0) -> Freed:
         """Remove host-only leaves, least recently used first (the deeper of a tie first; a load-back's
         :attr:`host_pinned` nodes are skipped), until ``num_tokens`` host KV rows and ``num_slots`` host
-        state slots were released or none is left. A host-only parent left without children and without a
-        host checkpoint goes too; a device tombstone left a leaf goes with its device KV unless the config
-        keeps KV-only leaves. Returns what to free (host and device); frees nothing. O(victims * host-only
-        nodes): a scan per victim (the first slice; no ordered host index yet)."""
+        state slots were released or none is left. Under ``resumable``, host slots are first taken from
+        stale host checkpoints (:meth:`_evict_stale`; the nodes stay). A host-only parent left without
+        children and without a host checkpoint goes too; a device tombstone left a leaf goes with its device
+        KV unless the config keeps KV-only leaves. Returns what to free (host and device); frees nothing.
+        O(victims * host-only nodes): a scan per victim (the first slice; no ordered host index yet)."""
         check_count(num_tokens, "num_tokens")
         check_count(num_slots, "num_slots")
         freed = Freed()
+        if self.resumable and num_slots:
+            self._evict_stale(num_slots, freed)
         pinned = self.host_pinned
         while freed.num_host_tokens < num_tokens or len(freed.host_slots) < num_slots:
             victim = None
@@ -174,6 +299,8 @@ class HostTierTree:
             self.num_nodes -= 1
             self._drop_host_copies(node, freed)
             self.index.update(parent)
+            if self.resumable and parent is not self.root:
+                self.note_shape_change(parent)  # a branch point may have lost its last branch but one
             if parent is self.root or parent.children or parent.id in self.host_pinned:
                 return
             if parent.value is None:

@@ -99,8 +99,6 @@ def test_split_options_are_validated() -> None:
             SplitOptions(**bad)
     with pytest.raises(ConfigError, match="over the budget"):
         AdaptiveSplit(SplitOptions(), 1_000, KV_BYTES, SLOT_BYTES, 10, 1)
-    with pytest.raises(ConfigError, match="page_size 1"):
-        Engine(CacheConfig(page_size=4), pools(400, 20), 64, EngineOptions(split=SplitOptions()))
 
 
 # ------------------------------------------------------------------------------------- direction

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from mamba_radix import CacheConfig, MambaRadixCache, Req
 from mamba_radix.errors import ConfigError, InvalidArgument
@@ -26,7 +26,7 @@ EXTRA = {"mamba_radix_cache_strategy": "extra_buffer"}
 NO_BUFFER = {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}
 LAZY = {"mamba_radix_cache_strategy": "extra_buffer_lazy"}
 STRATEGIES = {"no_buffer": NO_BUFFER, "extra_buffer": EXTRA, "extra_buffer_lazy": LAZY}
-POLICIES = ("write_through", "write_through_selective", "write_back")
+POLICIES = ("write_through", "write_through_selective", "write_back", "resumable")
 
 
 class HostEngine:
@@ -190,9 +190,12 @@ def test_demote_then_host_hit_loads_back_byte_exact(strategy: str, policy: str) 
     cache, tree = engine.cache, engine.cache.tree
     tokens = prompt(200)
     warm(engine, policy, tokens)
+    if policy == "resumable":  # it keeps resume points only: a next turn resumes from the sequence's end
+        end = max(tree.nodes(), key=lambda n: n.depth)
+        tokens = [t for n in reversed(list(tree.path_to_root(end))) for t in n.key] + [99_999]
     device_hit = cache.peek_prefix(tokens[:-1]).hit_len
     assert device_hit > 0
-    if policy != "write_back":
+    if policy not in ("write_back", "resumable"):  # those two copy at device eviction
         assert cache.host_stats.kv_backed_up > 0  # backed up before any eviction
     cache.evict(num_tokens=10_000)  # everything unlocked leaves the device
     engine.check()
@@ -355,6 +358,21 @@ def test_without_host_room_a_victim_is_dropped_as_without_the_tier() -> None:
     assert cache.tree.num_nodes == 1 + len(cache.tree.host_only_nodes)
 
 
+def test_write_back_frees_a_host_checkpoint_whose_kv_never_reached_the_host() -> None:
+    """write_back copies an internal checkpoint the device drops even when the node's KV has no host copy;
+    with no host room for KV, the node later leaves the device and the tree: its host slot is freed with
+    it, not leaked (the invariants' conservation rule)."""
+    engine = make_engine(host_write_policy="write_back", host_kv=8, host_slots=16, **EXTRA)
+    cache = engine.cache
+    engine.run(Req(1, prompt(200)))
+    cache.evict(num_states=3)
+    engine.check()
+    assert any(n.host_slot is not None and n.host_kv is None for n in cache.tree.nodes())
+    cache.evict(num_tokens=10_000)
+    engine.check()
+    assert cache.tree.num_nodes == 1 and cache.host_state_pool.used == 0
+
+
 # ------------------------------------------------------------------------------------ host eviction
 def test_host_eviction_takes_lru_host_only_leaves_and_frees_their_copies() -> None:
     engine = make_engine(**EXTRA)
@@ -395,13 +413,18 @@ def test_a_full_host_makes_room_by_host_eviction() -> None:
 # ------------------------------------------------------------------------------------ state machine
 class HostTierMachine(RuleBasedStateMachine):
     """Admit / extend / finish / evict / host-evict with the host tier on, on real pools; every step checks
-    the invariants with conservation over both tiers, the stamps and the KV bytes."""
+    the invariants with conservation over both tiers, the stamps and the KV bytes. Each run draws the
+    per-path cap (none or 2) and what it does to host copies (``host_path_cap``: keep or drop)."""
 
     strategy = "extra_buffer"
     policy = "write_through"
 
     def __init__(self) -> None:
         super().__init__()
+        self.rid = 0
+
+    @initialize(cap=st.sampled_from([-1, 2]), cap_mode=st.sampled_from(["keep", "drop"]))
+    def build(self, cap: int, cap_mode: str) -> None:
         self.engine = make_engine(
             num_tokens=768,
             num_slots=40,
@@ -411,9 +434,10 @@ class HostTierMachine(RuleBasedStateMachine):
             mamba_cache_chunk_size=16,
             chunked_prefill_size=32,
             mamba_track_interval=8,
+            mamba_max_states_per_path=cap,
+            host_path_cap=cap_mode,
             **STRATEGIES[self.strategy],
         )
-        self.rid = 0
 
     @rule(
         base=st.sampled_from([0, 0, 1000, 2000]),
@@ -432,7 +456,24 @@ class HostTierMachine(RuleBasedStateMachine):
     def run_whole(self, base: int, length: int, tail: int) -> None:
         """A whole request at once, when it fits: the tree grows (and later demotes) faster."""
         self.rid += 1
-        tokens = prompt(length, base) + [7_000_000 + 100 * self.rid + i for i in range(tail)]
+        self._run_whole(prompt(length, base) + [7_000_000 + 100 * self.rid + i for i in range(tail)])
+
+    @rule(pick=st.integers(0, 50), tail=st.integers(1, 30))
+    def next_turn(self, pick: int, tail: int) -> None:
+        """A later turn: a cached sequence's end (on either tier) extended by new tokens, so its
+        checkpoint goes stale (what resumable's host eviction takes first)."""
+        tree = self.engine.cache.tree
+        leaves = [n for n in tree.nodes() if not n.children and not n.is_root]
+        if not leaves:
+            return
+        leaf = leaves[pick % len(leaves)]
+        self.rid += 1
+        tokens = [t for n in reversed(list(tree.path_to_root(leaf))) for t in n.key]
+        if len(tokens) > 400:  # well inside the pools and max_context_len
+            return
+        self._run_whole(tokens + [8_000_000 + 100 * self.rid + i for i in range(tail)])
+
+    def _run_whole(self, tokens: list[int]) -> None:
         req = Req(self.rid, tokens)
         if not self.engine.admit(req):
             return
@@ -469,6 +510,15 @@ class HostTierMachine(RuleBasedStateMachine):
     def evict_host(self, tokens: int, slots: int) -> None:
         self.engine.cache.evict_host(tokens, slots)
         self.engine.check()
+
+    @rule(tokens=st.integers(-3, 3), slots=st.integers(-3, -1))
+    def refused_evict_host(self, tokens: int, slots: int) -> None:
+        """A refused call changes nothing in either tier."""
+        cache = self.engine.cache
+        before = (cache.tree.pretty_print(), cache.host_kv_pool.used, cache.host_state_pool.used)
+        with pytest.raises(InvalidArgument):
+            cache.evict_host(tokens, slots)
+        assert before == (cache.tree.pretty_print(), cache.host_kv_pool.used, cache.host_state_pool.used)
 
     @invariant()
     def sound(self) -> None:

@@ -30,6 +30,7 @@ def test_registry() -> None:
         "sglang",
         "sglang-0.5.20",
         "sglang-0.5.23",
+        "sglang-0.5.23-hicache",
         "sglang-legacy",
         "vllm-align",
     ]
@@ -92,7 +93,7 @@ def test_marconi_static_preset(base: str) -> None:
 def test_unknown_peer_lists_the_known_ones() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"^unknown peer 'vllm'; use one of sglang, sglang-0.5.20, sglang-0.5.23, sglang-legacy, vllm-align, marconi-static$",
+        match=r"^unknown peer 'vllm'; use one of sglang, sglang-0.5.20, sglang-0.5.23, sglang-0.5.23-hicache, sglang-legacy, vllm-align, marconi-static$",
     ):
         apply_peer(CacheConfig(), "vllm")
     with pytest.raises(ConfigError, match=r"^unknown peer ''; use one of"):

@@ -145,11 +145,9 @@ def test_without_the_fallback_states_starve_while_kv_holds_the_bytes() -> None:
 
 
 # ------------------------------------------------------------------------------------ refusals, CLI
-def test_unified_memory_is_refused_with_an_adaptive_split_or_pages() -> None:
+def test_unified_memory_is_refused_with_an_adaptive_split() -> None:
     with pytest.raises(ConfigError, match="choose one"):
         Engine(config("sglang"), pools(400, 20), 64, EngineOptions(split=SplitOptions()))
-    with pytest.raises(ConfigError, match="page_size 1"):
-        Engine(config("sglang", page_size=4), pools(400, 20), 64)
 
 
 def test_the_cli_runs_unified_memory_and_refuses_the_adaptive_split(

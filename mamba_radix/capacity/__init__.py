@@ -8,6 +8,7 @@
 - :mod:`~mamba_radix.capacity.formats`: checkpoint formats at equal bytes (working and checkpoint slots);
 - :mod:`~mamba_radix.capacity.unified`: unified memory's start-up budget against a workload's peak;
 - :mod:`~mamba_radix.capacity.options`: static, adaptive and unified, x checkpoint format, at equal bytes;
+- :mod:`~mamba_radix.capacity.host`: the host tier's sizing (SGLang's ratio split, the planner's split by the workload's resumable points and checkpoints);
 - :mod:`~mamba_radix.capacity.cli`: the ``plan`` subcommand.
 """
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 
 from mamba_radix.capacity.formats import FormatSizing
+from mamba_radix.capacity.host import HostPlan, HostSplit
 from mamba_radix.capacity.memory import GIB, Parallelism, gib, kib, mib, torch_dtype_name
 from mamba_radix.capacity.models import load_model
 from mamba_radix.capacity.official import SKIP_LOCK_ENV, Comparison, SplitOutcome
@@ -24,13 +26,15 @@ from mamba_radix.capacity.sizing import DEFAULT_MAMBA_FULL_MEMORY_RATIO, MemoryB
 from mamba_radix.capacity.unified import UnifiedPlan, unified_plan
 from mamba_radix.config import CacheConfig
 from mamba_radix.defaults import deployment_for
-from mamba_radix.errors import ConfigError, MambaRadixError
+from mamba_radix.errors import ConfigError, InvalidArgument, MambaRadixError
 
 __all__ = [
     "add_plan_arguments",
+    "build_host_plan",
     "build_inputs",
     "build_workload",
     "format_comparison",
+    "format_host",
     "format_plan",
     "format_unified",
     "main",
@@ -128,6 +132,78 @@ def build_workload(args: argparse.Namespace) -> Workload | None:
     # absent: bench_serving's own default, 0.0 (the flag table's); None would mean fixed lengths
     ratio = 0.0 if args.random_range_ratio is None else args.random_range_ratio
     return Workload.random_range(args.input_len, args.output_len, ratio)
+
+
+def build_host_plan(args: argparse.Namespace, result: Plan) -> HostPlan | None:
+    """``--host-memory-gb``: the host bytes split for the workload (``--trace``: its prefix tree, read once;
+    ``--input-len/--output-len``: unique prompts, one point a request), SGLang's split beside it when the
+    device pools are known. None without the flag. Raises :class:`ConfigError` without a workload, or for
+    host memory that holds no KV page and state slot. O(trace)."""
+    gib_value = getattr(args, "host_memory_gb", None)
+    if gib_value is None:
+        return None
+    from mamba_radix.capacity.host import length_coverage, plan_host, workload_coverage
+
+    cache = result.resolution.inputs.cache
+    chunk = cache.chunked_prefill_size if cache.uses_extra_buffer else None
+    if args.trace is not None:
+        from mamba_radix.sim.traces import iter_trace
+
+        coverage = workload_coverage(iter_trace(args.trace), chunk)
+    elif result.workload is not None:
+        w = result.workload
+        coverage = length_coverage(len(w.requests), w.mean_input_len, w.mean_output_len, chunk)
+    else:
+        raise ConfigError(
+            "--host-memory-gb splits host memory for a workload: give --trace (or --input-len/--output-len)"
+        )
+    r = result.resolution
+    kv_bytes = math.ceil(r.kv.bytes_per_token)  # the host KV pool mirrors the device rows, per GPU
+    slot_bytes = r.state.slot_bytes  # the host state pool mirrors conv + temporal (no rings)
+    state_pool = (r.num_slots + 1) * slot_bytes
+    try:
+        return plan_host(
+            int(gib_value * GIB),
+            coverage,
+            r.inputs.cache.page_size,
+            kv_bytes,
+            slot_bytes,
+            r.kv_pool_bytes,
+            state_pool,
+        )
+    except InvalidArgument as err:
+        raise ConfigError(f"--host-memory-gb {gib_value:g}: {err}") from None
+
+
+def format_host(h: HostPlan) -> str:
+    """The ``--host-memory-gb`` section: the workload's coverage, the planner's split and SGLang's."""
+    c = h.coverage
+    lines = [
+        f"host tier ({gib(h.host_bytes):.2f} GB of host memory per GPU)",
+        f"  workload tree           {c.kv_tokens:,} KV tokens, {c.resumable_points:,} resumable points "
+        f"({c.sequence_ends:,} sequence ends, {c.branch_points:,} branch points): {c.tokens_per_point:,.0f} "
+        f"tokens a point; with {c.chunk_points:,} prefill chunk checkpoints {c.tokens_per_checkpoint:,.0f} "
+        "tokens a checkpoint",
+    ]
+
+    def row(label: str, s: HostSplit) -> str:
+        return (
+            f"  {label:<24}{s.kv_tokens:,} host KV tokens ({gib(s.kv_bytes):.2f} GB) + {s.state_slots:,} host "
+            f"state slots ({gib(s.state_bytes):.2f} GB) = {s.total_bytes:,} B; {s.tokens_per_slot:,.0f} tokens a slot"
+        )
+
+    lines.append(row("planned, resumable", h.resumable))
+    lines.append(row("planned, write_through", h.every_checkpoint))
+    if h.sglang is not None:
+        lines.append(row("sglang --hicache-size", h.sglang))
+        lines.append(
+            "  (SGLang splits host memory as the device pools' bytes, like --hicache-ratio; the planned splits "
+            "give the host one state slot per host copy's KV: a resumable point under --host-write-policy "
+            "resumable, any checkpoint under SGLang's write policies: simulate --host-split planned)"
+        )
+    else:
+        lines.append("  sglang --hicache-size: give a memory budget to size the device pools it splits by")
+    return "\n".join(lines)
 
 
 def _mb(num_bytes: int) -> str:
@@ -438,12 +514,15 @@ def run_plan(args: argparse.Namespace) -> int:
     if inputs.cache.enable_unified_memory and workload is not None:
         unified = unified_plan(result.resolution, workload, args.concurrency)
     comparison = compare_memory_options(inputs, workload) if compare and workload is not None else None
+    host = build_host_plan(args, result)
     if args.json:
         out = result.to_dict()
         if unified is not None:
             out["unified_memory"] = unified.to_dict()
         if comparison is not None:
             out["memory_options"] = comparison.to_dict()
+        if host is not None:
+            out["host_tier"] = host.to_dict()
         print(json.dumps(out, indent=2))
     elif comparison is not None:
         print(format_comparison(comparison, result))
@@ -452,6 +531,9 @@ def run_plan(args: argparse.Namespace) -> int:
         if inputs.cache.enable_unified_memory:
             print("")
             print(format_unified(unified, inputs.mamba_full_memory_ratio))
+    if host is not None and not args.json:
+        print("")
+        print(format_host(host))
     return 0
 
 

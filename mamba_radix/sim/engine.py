@@ -82,6 +82,10 @@ fits in the previous forward's compute time (the load was issued during it); tha
 overlapped, the rest lengthens the batch and so its requests' TTFT. After an idle gap nothing overlaps.
 Backups are counted in bytes and delay nothing. Each admission peeks the device hit first (O(L)), so a
 load-back's share of the hit is counted as a host hit (:class:`~mamba_radix.sim.metrics.HostTierMetrics`).
+``EngineOptions.host_split`` ``"planned"`` keeps the host tier's bytes and splits them by the planner's rule
+(:mod:`mamba_radix.capacity.host`: one host state slot per KV tokens a host copy covers on the run's
+workload); the workload is ``Engine(..., workload=)``, or the requests :meth:`Engine.run` gets, read once
+before the first (the cache is then built again with the planned pools).
 
 **Serving metrics** (timed mode; :class:`~mamba_radix.sim.metrics.RunMetrics`): duration from the first
 send to the last finish, request and token throughputs, TTFT, TPOT (``(latency - TTFT) / (output_len -
@@ -102,9 +106,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from mamba_radix.capacity.host import HOST_SPLITS, planned_split, ratio_split, workload_coverage
 from mamba_radix.config import CacheConfig
 from mamba_radix.cost_model import DEFAULT_HOST_LINK, HOST_LINK_PRESETS, CostModel, HostLink
-from mamba_radix.errors import ConfigError, MambaRadixError
+from mamba_radix.errors import ConfigError, InvalidArgument, MambaRadixError
 from mamba_radix.lifecycle import ForwardPlan
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import KVAllocator
@@ -146,7 +151,8 @@ SIM_TEMPORAL_SHAPE = (4,)  # float32: 16 bytes
 
 def _host_sized(config: CacheConfig, pools: PoolSizes, options: EngineOptions) -> CacheConfig:
     """``config`` with its host pools at ``options.host_memory_ratio`` x the device pools (KV tokens
-    rounded down to whole pages, at least one page and one slot), or as it is without a ratio. Raises
+    rounded down to whole pages, at least one page and one slot:
+    :func:`~mamba_radix.capacity.host.ratio_split`), or as it is without a ratio. Raises
     :class:`ConfigError` for a ratio together with explicit host pool sizes. O(1)."""
     ratio = options.host_memory_ratio
     if ratio is None:
@@ -157,10 +163,58 @@ def _host_sized(config: CacheConfig, pools: PoolSizes, options: EngineOptions) -
         )
     if ratio == 0:
         return config
-    page = config.page_size
-    kv = max(page, int(ratio * pools.kv_tokens) // page * page)
-    slots = max(1, int(ratio * pools.state_slots))
-    return config.replace(host_kv_tokens=kv, host_state_slots=slots)
+    split = ratio_split(
+        pools.kv_tokens,
+        pools.state_slots,
+        ratio,
+        config.page_size,
+        pools.bytes_per_kv_token,
+        pools.bytes_per_state_slot,
+    )
+    return config.replace(host_kv_tokens=split.kv_tokens, host_state_slots=split.state_slots)
+
+
+def _host_planned(config: CacheConfig, pools: PoolSizes, requests: Sequence[TraceRequest]) -> CacheConfig:
+    """``config`` with the same host bytes as its host pools (``host_kv_tokens x bytes_per_kv_token +
+    host_state_slots x bytes_per_state_slot``, the model's bytes) split by the planner's rule
+    (:func:`~mamba_radix.capacity.host.planned_split`: one host slot per KV tokens a host copy covers on
+    ``requests``: a resumable point under the ``resumable`` placement, any checkpoint of the tree, prefill
+    chunks' included, under SGLang's write policies, which copy every one). Raises :class:`ConfigError` without a host tier to split. O(workload symbols x log
+    requests), once per run."""
+    if not config.host_tier:
+        raise ConfigError(
+            "host_split='planned' splits the host tier's bytes; set host_memory_ratio > 0 (or host_kv_tokens "
+            "and host_state_slots), or drop host_split"
+        )
+    bkv, bslot = pools.bytes_per_kv_token, pools.bytes_per_state_slot
+    host_bytes = config.host_kv_tokens * bkv + config.host_state_slots * bslot
+    chunk = config.chunked_prefill_size if config.uses_extra_buffer else None
+    per_copy = workload_coverage(requests, chunk).tokens_per_copy(config.host_write_policy)
+    try:
+        split = planned_split(host_bytes, bkv, bslot, per_copy, config.page_size)
+    except InvalidArgument as err:
+        raise ConfigError(f"host_split='planned': {err}") from None
+    return config.replace(host_kv_tokens=split.kv_tokens, host_state_slots=split.state_slots)
+
+
+def _merged_tiers(config: CacheConfig, pools: PoolSizes) -> tuple[CacheConfig, PoolSizes]:
+    """The tier-aware reference's pools (``EngineOptions.host_merged``): the host pools' KV tokens and state
+    slots added to the device pools, and the tier off. With loads and backups free, a request hits when its
+    prefix is in either tier, so what two tiers can hit is what one tier of their summed capacity can hit
+    (``property_tests/test_tier_oracle.py`` checks this exhaustively on small traces); the offline oracle on
+    these pools is then the two-tier optimum where it is exact, a strong reference elsewhere. Raises
+    :class:`ConfigError` without a host tier to merge. O(1)."""
+    if not config.host_tier:
+        raise ConfigError(
+            "host_merged adds the host pools to the device's; set host_memory_ratio > 0 (or host_kv_tokens and "
+            "host_state_slots), or drop host_merged"
+        )
+    merged = replace(
+        pools,
+        kv_tokens=pools.kv_tokens + config.host_kv_tokens,
+        state_slots=pools.state_slots + config.host_state_slots,
+    )
+    return config.replace(host_kv_tokens=0, host_state_slots=0), merged
 
 
 def _host_link(config: CacheConfig, options: EngineOptions) -> HostLink | None:
@@ -225,6 +279,13 @@ class EngineOptions:
     # both host pools at this multiple of the device pools (KV tokens, state slots); None: the config's
     # host_kv_tokens / host_state_slots; 0: no host tier
     host_memory_ratio: float | None = None
+    # how the host bytes split between the host pools (mamba_radix.capacity.host.HOST_SPLITS): "ratio" (each
+    # pool sized alone, as above and as SGLang) or "planned" (the same bytes, one host slot per KV tokens a
+    # resumable point covers on the run's workload); None: "ratio", and the run's record has no such key
+    host_split: str | None = None
+    # the tier-aware reference (_merged_tiers): the host pools merged into the device pools, the tier off, as
+    # many requests at once as the device pools alone admit; None: off, and the run's record has no such key
+    host_merged: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.split, dict):  # from a JSON definition or a result record's params
@@ -263,6 +324,10 @@ class EngineOptions:
             raise ConfigError(
                 f"host_memory_ratio must be a number >= 0 (host pools / device pools; 0: no host tier), got {ratio!r}"
             )
+        if self.host_split is not None and self.host_split not in HOST_SPLITS:
+            raise ConfigError(f"host_split must be one of {', '.join(HOST_SPLITS)}, got {self.host_split!r}")
+        if self.host_merged not in (None, True, False):
+            raise ConfigError(f"host_merged must be true or false, got {self.host_merged!r}")
         if self.cost.prefill_tokens_per_s <= 0 or self.cost.decode_step_s < 0:
             raise ConfigError(
                 "cost.prefill_tokens_per_s must be > 0 and cost.decode_step_s >= 0, "
@@ -326,9 +391,9 @@ class Engine:
         max_context_len: int,
         options: EngineOptions | None = None,
         policy: CachePolicy | None = None,
+        *,
+        workload: Sequence[TraceRequest] | None = None,
     ) -> None:
-        from mamba_radix.cache import MambaRadixCache  # the cache lands later than the pools
-
         pool_checkpoints = getattr(pools, "checkpoint_slots", None)
         if config.checkpoint_format != "model" and config.checkpoint_slots is None and pool_checkpoints:
             # the budget divided the state bytes into working and checkpoint slots: the cache's pool gets
@@ -336,6 +401,27 @@ class Engine:
             config = config.replace(checkpoint_slots=pool_checkpoints)
         self.options = options or EngineOptions()
         config = _host_sized(config, pools, self.options)
+        # host_split "planned" needs the workload: given here, or read by run() (the cache is then built
+        # with the ratio's sizes first and rebuilt with the same bytes split, before any request)
+        self._host_plan_pending = False
+        if self.options.host_split == "planned":
+            if workload is not None:
+                config = _host_planned(config, pools, workload)
+            elif not config.host_tier:
+                config = _host_planned(config, pools, ())  # raises: no host tier to split
+            elif policy is not None:  # run() would build a second cache, and a policy serves one
+                raise ConfigError(
+                    "host_split='planned' with a research policy needs the workload up front: "
+                    "Engine(..., workload=requests)"
+                )
+            else:
+                self._host_plan_pending = True
+        # the tiered sizes, which a pending planned split starts from in run(); the device pools bound how
+        # many requests run at once, merged or not
+        self._tiered = (config, pools)
+        device_slots = pools.state_slots
+        if self.options.host_merged:
+            config, pools = _merged_tiers(config, pools)
         self.config = config
         self.pools = pools
         check_simulable(config)
@@ -344,13 +430,55 @@ class Engine:
             # otherwise allocate beside its predecessors' trees, still uncollected (see sim.memory)
             release_memory()
         self.max_running, self.rows_bound = request_rows(
-            config, pools.state_slots, self.options.max_running_requests
+            config, device_slots, self.options.max_running_requests
         )
         if self.max_running < 1:
             raise ConfigError(
                 f"{pools.state_slots} state slots admit no request ({config.slots_per_request} per request); "
                 "give pools with more state slots (raise max_mamba_cache_size or mamba_full_memory_ratio)"
             )
+        self.max_context_len = max_context_len
+        self._policy = policy
+        self._build_cache(config)
+        self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
+        # the host tier's transfer model: the link, the host->device bytes already timed, and the compute
+        # time of the last forward (a load issued during it overlaps it)
+        self._loaded_bytes_timed = 0
+        self._prev_forward_s = 0.0
+        self._attach_host_tier(config)
+        # scheduler state
+        self.now_s = 0.0
+        self.global_step = 0
+        self.waiting: deque[tuple[TraceRequest, float]] = deque()
+        self.prefilling: deque[_SimReq] = deque()
+        self.decoding: set[_SimReq] = set()
+        self._events: list[tuple[int, int, _SimReq]] = []
+        self._event_seq = 0
+        self.finished = 0
+        self.rejected = 0
+        # admission is retried only after resources changed (a request finished) or the head changed
+        self._resource_epoch = 0
+        self._blocked: tuple[int, int] | None = None
+        self._ideal: IdealHit | None = None
+        self._ideal_hits: dict[int, int] = {}
+        self._precomputed_ideal: Sequence[int] | None = None
+        self._head: _Expanded | None = None
+        self._sample_every = 1
+        self._on_finish: Callable[[int], None] | None = None
+        self._client: Client | None = None
+        self._log: SchedulerLog | None = (
+            SchedulerLog(self.options.log_every, self.options.log or print)
+            if self.options.log_every
+            else None
+        )
+
+    def _build_cache(self, config: CacheConfig) -> None:
+        """Build the pools and the cache over them for ``config`` (``__init__``, and again at the start of
+        :meth:`run` when a planned host split changes the host pools). Side effects: allocates the pools
+        and sets ``cache``, the pool attributes, ``split`` and ``unified_bytes``. O(pool sizes)."""
+        from mamba_radix.cache import MambaRadixCache  # the cache lands later than the pools
+
+        pools, max_context_len, policy = self.pools, self.max_context_len, self._policy
         self.split: AdaptiveSplit | None = None
         self.unified_bytes: int | None = None  # unified memory: the byte budget both pools share
         # the pools: as sized, or, with an adaptive split, at the physical sizes the whole budget buys as
@@ -371,6 +499,7 @@ class Engine:
                 pools.bytes_per_state_slot,
                 pools.kv_tokens,
                 pools.state_slots,
+                page_size=config.page_size,
             )
             kv_tokens, state_slots = self.split.physical_kv_tokens, self.split.physical_state_slots
             factories = {"mamba_pool_factory": LimitedMambaPool, "kv_allocator_factory": limited_kv_allocator}
@@ -382,12 +511,9 @@ class Engine:
                 raise ConfigError(
                     "unified memory and an adaptive split both move the KV/state line; choose one"
                 )
-            if config.page_size != 1:
-                raise ConfigError(
-                    f"the simulator's unified memory moves single KV tokens; use page_size 1, not {config.page_size}"
-                )
             physical, self.unified_bytes = unified_pools(pools)
-            kv_tokens, state_slots = physical.kv_tokens, physical.state_slots
+            # paged: the KV allocator holds whole pages (the budget's bytes short of a page hold states)
+            kv_tokens, state_slots = physical.allocator_kv_tokens(config.page_size), physical.state_slots
             # as many rows as the whole budget's slots admit: the byte budget, not the start-up ratio, bounds
             # the running requests (max_running_requests caps them as under a static split)
             self.max_running, self.rows_bound = request_rows(
@@ -425,14 +551,12 @@ class Engine:
         self.stamps = StampIO(self.mamba_pool)
         # quantized formats: checkpoints are not state slots (metrics, and the restored-state check)
         self.checkpoint_pool = self.cache.checkpoint_pool
-        # state slots a fresh request takes at admission: its live slot plus its track buffer
-        self.max_context_len = max_context_len
-        self.metrics = RunMetrics(keep_per_request=self.options.keep_per_request)
-        # the host tier's transfer model: the link, the host->device bytes already timed, and the compute
-        # time of the last forward (a load issued during it overlaps it)
+
+    def _attach_host_tier(self, config: CacheConfig) -> None:
+        """The host tier's transfer model for ``config``: the link and the host-tier metrics (neither
+        without the tier). O(1)."""
         self.host_link = _host_link(config, self.options)
-        self._loaded_bytes_timed = 0
-        self._prev_forward_s = 0.0
+        self.metrics.host_tier = None
         if self.host_link is not None:
             self.metrics.host_tier = HostTierMetrics(
                 self.host_link.name,
@@ -441,31 +565,20 @@ class Engine:
                 config.host_state_slots,
                 config.host_write_policy,
             )
-        # scheduler state
-        self.now_s = 0.0
-        self.global_step = 0
-        self.waiting: deque[tuple[TraceRequest, float]] = deque()
-        self.prefilling: deque[_SimReq] = deque()
-        self.decoding: set[_SimReq] = set()
-        self._events: list[tuple[int, int, _SimReq]] = []
-        self._event_seq = 0
-        self.finished = 0
-        self.rejected = 0
-        # admission is retried only after resources changed (a request finished) or the head changed
-        self._resource_epoch = 0
-        self._blocked: tuple[int, int] | None = None
-        self._ideal: IdealHit | None = None
-        self._ideal_hits: dict[int, int] = {}
-        self._precomputed_ideal: Sequence[int] | None = None
-        self._head: _Expanded | None = None
-        self._sample_every = 1
-        self._on_finish: Callable[[int], None] | None = None
-        self._client: Client | None = None
-        self._log: SchedulerLog | None = (
-            SchedulerLog(self.options.log_every, self.options.log or print)
-            if self.options.log_every
-            else None
-        )
+
+    def _plan_host(self, requests: Sequence[TraceRequest]) -> None:
+        """Split the host bytes by the planner's rule on ``requests`` and rebuild the cache when the
+        sizes change (before any request: nothing to carry over). O(workload) plus a rebuild."""
+        self._host_plan_pending = False
+        tiered_config, device_pools = self._tiered
+        config, pools = _host_planned(tiered_config, device_pools, requests), device_pools
+        if self.options.host_merged:
+            config, pools = _merged_tiers(config, device_pools)
+        if config == self.config and pools == self.pools:
+            return
+        self.config, self.pools = config, pools
+        self._build_cache(config)
+        self._attach_host_tier(config)
 
     # ----------------------------------------------------------------------------------------- running
     @property
@@ -487,6 +600,9 @@ class Engine:
         Side effects: mutates the cache and pools. Cost: dominated by the cache's operations, O(tokens)
         per request plus O(log n) per decode event.
         """
+        if self._host_plan_pending:  # host_split "planned" without a workload at construction
+            requests = list(requests)
+            self._plan_host(requests)
         if total:
             self._sample_every = max(1, total // max(1, self.options.num_samples))
         self._on_finish = on_finish

@@ -284,13 +284,23 @@ Y_UNITS: dict[str | None, float] = {None: 1.0, "GiB": float(GIB)}
 
 
 def plot_problems(plots: Sequence[Any]) -> list[str]:
-    """One line per plot option this module cannot draw (so far: a ``y_unit`` not in :data:`Y_UNITS`), to
-    refuse a definition before anything runs or is written. No side effects. O(plots)."""
-    return [
+    """One line per plot option this module cannot draw (a ``y_unit`` not in :data:`Y_UNITS`, reference
+    groups that are not the plot's), to refuse a definition before anything runs or is written. No side effects. O(plots)."""
+    problems = [
         f"plot {i} ({plot.get('file')!r}): y_unit must be 'GiB' or left out, got {plot['y_unit']!r}"
         for i, plot in enumerate(plots)
         if isinstance(plot, dict) and plot.get("y_unit") not in Y_UNITS
     ]
+    for i, plot in enumerate(plots):
+        refs = plot.get("reference_groups") if isinstance(plot, dict) else None
+        if refs is not None and not (
+            isinstance(refs, list) and refs and set(refs) <= set(plot.get("groups") or [])
+        ):
+            problems.append(
+                f"plot {i} ({plot.get('file')!r}): reference_groups must be a non-empty list of the plot's groups, "
+                f"got {refs!r}"
+            )
+    return problems
 
 
 def _value(r: dict[str, Any], key: str) -> Any:
@@ -558,6 +568,12 @@ def write_report(
             lines += [f"## {spec.get('title', spec['file'])}", "", f"![{spec['file']}]({spec['file']})", ""]
             if spec.get("caption"):
                 lines += [spec["caption"], ""]
+            if spec.get(
+                "reference_groups"
+            ):  # each group as a fraction of a reference (the tier-aware oracle)
+                from mamba_radix.experiment_report import reference_fractions
+
+                lines += reference_fractions(ok, spec)
             if spec.get("x") == "mamba_eviction_order":
                 lines += [*order_comparisons(_select(ok, spec.get("groups"), spec.get("where"))), ""]
     if reference is not None or reference_name:

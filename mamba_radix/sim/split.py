@@ -21,7 +21,10 @@ and never goes below what is allocated, reserved for running requests' decode, o
 
 What it is not: a per-entry cross-pool victim choice (which KV leaf or which checkpoint gives the most
 hits per byte); the split moves in steps between requests, and each pool keeps its own eviction order.
-Page size 1 only (a paged allocator would move whole pages).
+
+Paged (``page_size > 1``): the KV line moves in whole pages (the allocator is
+:class:`~mamba_radix.sim.capacity_limit.LimitedPagedKVAllocator`): every KV capacity is rounded down to a page
+multiple, and the bytes short of a page that the growing state pool cannot use either stay unlent.
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ class SplitStep:
 class AdaptiveSplit:
     """The controller (see the module docstring). ``budget_bytes`` is shared by
     ``kv_tokens * bytes_per_kv_token + state_slots * bytes_per_state_slot``; ``kv_tokens`` and
-    ``state_slots`` are where it starts."""
+    ``state_slots`` are where it starts. ``page_size``: the KV allocator's; every KV line is a whole number of
+    pages (a starting ``kv_tokens`` is rounded down to one, as a static paged pool is)."""
 
     options: SplitOptions
     budget_bytes: int
@@ -116,12 +120,16 @@ class AdaptiveSplit:
     bytes_per_state_slot: int
     kv_tokens: int
     state_slots: int
+    page_size: int = 1
     history: list[SplitStep] = field(default_factory=list)
     victim_ages: VictimAges = field(default_factory=VictimAges)
     _finished: int = 0
     _seen: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def __post_init__(self) -> None:
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ConfigError(f"page_size must be a positive integer, got {self.page_size!r}")
+        self.kv_tokens = self._whole_pages(self.kv_tokens)
         used = self.kv_tokens * self.bytes_per_kv_token + self.state_slots * self.bytes_per_state_slot
         if used > self.budget_bytes:
             raise ConfigError(
@@ -130,8 +138,8 @@ class AdaptiveSplit:
 
     @property
     def physical_kv_tokens(self) -> int:
-        """KV tokens the whole budget buys: the allocator's physical size."""
-        return self.budget_bytes // self.bytes_per_kv_token
+        """KV tokens the whole budget buys, in whole pages: the allocator's physical size."""
+        return self._whole_pages(self.budget_bytes // self.bytes_per_kv_token)
 
     @property
     def physical_state_slots(self) -> int:
@@ -141,9 +149,13 @@ class AdaptiveSplit:
     def attach(self, cache: MambaRadixCache) -> None:
         """Lend the pools of ``cache`` (built at the physical sizes) the starting split, and make
         :attr:`victim_ages` the observer of its tree's evictions (before any: attach a fresh cache).
-        Raises :class:`ConfigError` for a paged cache or a tree that reports to another observer. O(1)."""
-        if cache.config.page_size != 1:
-            raise ConfigError("the adaptive split moves single KV tokens; use page_size 1")
+        Raises :class:`ConfigError` for a cache of another page size than the split's or a tree that
+        reports to another observer. O(1)."""
+        if cache.config.page_size != self.page_size:
+            raise ConfigError(
+                f"the adaptive split was built for page_size {self.page_size} but the cache has "
+                f"{cache.config.page_size}; pass the cache's page_size to AdaptiveSplit"
+            )
         tree = cache.tree
         if tree.on_victim is not None and tree.on_victim is not self.victim_ages:
             raise ConfigError("the cache's tree already reports its eviction victims to another observer")
@@ -187,25 +199,28 @@ class AdaptiveSplit:
             return
         pool.set_capacity(target)
         self.state_slots = target
-        self.kv_tokens = self._rest_of_budget(
-            self.state_slots * self.bytes_per_state_slot, self.bytes_per_kv_token, self.physical_kv_tokens
+        self.kv_tokens = self._whole_pages(
+            self._rest_of_budget(
+                self.state_slots * self.bytes_per_state_slot, self.bytes_per_kv_token, self.physical_kv_tokens
+            )
         )
         cache.token_to_kv_pool_allocator.set_capacity(self.kv_tokens)
 
     def _to_states(self, cache: MambaRadixCache) -> None:
         """Move ``step_slots`` slots' worth of bytes from the KV pool to the state pool."""
         allocator = cache.token_to_kv_pool_allocator
-        spare = (
-            (self.kv_tokens - self.options.min_kv_tokens)
-            * self.bytes_per_kv_token
-            // self.bytes_per_state_slot
-        )
+        page = self.page_size
+        min_kv_tokens = -(-self.options.min_kv_tokens // page) * page  # the floor, in whole pages
+        spare = (self.kv_tokens - min_kv_tokens) * self.bytes_per_kv_token // self.bytes_per_state_slot
         slots = min(
             self.options.step_slots(self.state_slots), self.physical_state_slots - self.state_slots, spare
         )
         if slots <= 0:
             return
-        target = self.kv_tokens - math.ceil(slots * self.bytes_per_state_slot / self.bytes_per_kv_token)
+        # whole pages: at least the slots' bytes leave the KV pool (a page multiple above the floor stays so)
+        target = self._whole_pages(
+            self.kv_tokens - math.ceil(slots * self.bytes_per_state_slot / self.bytes_per_kv_token)
+        )
         held = allocator.used + cache.reserved_kv_tokens  # running requests' decode is reserved
         if held > target:
             cache.evict(num_tokens=held - target)
@@ -218,6 +233,10 @@ class AdaptiveSplit:
             self.kv_tokens * self.bytes_per_kv_token, self.bytes_per_state_slot, self.physical_state_slots
         )
         cache.mamba_pool.set_capacity(self.state_slots)
+
+    def _whole_pages(self, kv_tokens: int) -> int:
+        """``kv_tokens`` rounded down to whole pages."""
+        return kv_tokens - kv_tokens % self.page_size
 
     def _rest_of_budget(self, other_bytes: int, unit_bytes: int, physical_units: int) -> int:
         """The units of ``unit_bytes`` the budget buys besides the other pool's ``other_bytes`` (at most the

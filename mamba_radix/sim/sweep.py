@@ -31,7 +31,7 @@ from typing import Any
 from mamba_radix.config import CacheConfig
 from mamba_radix.defaults import Deployment, deployment_for
 from mamba_radix.errors import ConfigError
-from mamba_radix.peers import PEERS, RETIRED_PEERS, apply_peer, peer_changes
+from mamba_radix.peers import PEERS, RETIRED_PEERS, apply_peer, peer_changes, peer_engine_options
 from mamba_radix.sim.budget import (  # infinite_pools: re-exported (its callers' old import)
     KIMI_K3_PER_RANK_BUDGET_GIB,
     PoolSizes,
@@ -170,6 +170,12 @@ class RunSpec:
         """The validated config this run uses: ``config`` with ``peer`` applied. Raises ConfigError."""
         return peer_config(self.config, self.peer)
 
+    def engine_fields(self) -> dict[str, Any]:
+        """The run's :class:`EngineOptions` fields: ``options`` with the peer's simulator options where the run
+        sets none (the HiCache preset's host ratio, :func:`~mamba_radix.peers.peer_engine_options`). A new
+        dict. Raises ConfigError for an invalid config. O(fields)."""
+        return peer_engine_options(self.peer, dict(self.options), self.cache_config())
+
     def validate(self) -> None:
         """Raise :class:`ConfigError` now for what would fail the run at its start: an invalid config, a
         field against the peer, an unknown synthetic generator, bad options, a bad model or deployment,
@@ -185,7 +191,9 @@ class RunSpec:
             raise ConfigError("kv_tokens and state_slots size the pools together: give both or neither")
         if self.kv_tokens is not None and self.infinite:
             raise ConfigError("infinite pools and exact kv_tokens/state_slots exclude each other; drop one")
-        EngineOptions(cost=CostModel(**self.cost), **self.options)  # bad options fail here, not mid-sweep
+        EngineOptions(
+            cost=CostModel(**self.cost), **self.engine_fields()
+        )  # bad options fail here, not mid-sweep
         unknown = set(self.deployment) - DEPLOYMENT_FIELDS
         if unknown:
             raise ConfigError(
@@ -230,7 +238,13 @@ class RunSpec:
         out.update({k: getattr(dep, k) for k in sorted(DEPLOYMENT_FIELDS)})
         options = asdict(EngineOptions(**self.options))
         options.pop("log")  # a writer (simulate's stderr), no parameter and no JSON
-        for name in ("host_link", "host_link_gbps", "host_memory_ratio"):  # the host tier's, when off:
+        for name in (
+            "host_link",
+            "host_link_gbps",
+            "host_memory_ratio",
+            "host_split",
+            "host_merged",
+        ):  # the host tier's, when off:
             if options.get(name) is None:  # left out, so a record without the tier is what it was before
                 options.pop(name, None)
         out.update(options | {"cost": asdict(CostModel(**self.cost))})
@@ -242,7 +256,8 @@ def policy_problem(spec: RunSpec) -> str | None:
 
     Refused: a name the registry does not know (the known ones listed); a ``peer`` as well (each sets the
     rules; a policy starts from its own release preset); a config field the policy's preset would set to
-    another value; the host tier (the cache runs the config's own eviction order there, SGLang's HiCache);
+    another value; the host tier (the cache runs the config's own eviction order there, SGLang's HiCache)
+    unless ``host_merged`` merges it into the device pools (the tier-aware reference, tier off);
     unified memory (its give-way rule, not the policy, picks which side loses bytes when KV and states
     meet). The adaptive split and quantized checkpoint formats run with a policy. O(fields)."""
     from mamba_radix.policies.registry import POLICIES, REFERENCES, VARIANTS, find_spec
@@ -262,10 +277,11 @@ def policy_problem(spec: RunSpec) -> str | None:
     if clash:
         verb = "conflicts" if len(clash) == 1 else "conflict"
         return f"{', '.join(clash)} {verb} with policy {name!r} (it sets its own rules); drop one"
-    if config.host_tier or spec.options.get("host_memory_ratio"):
+    if (config.host_tier or spec.options.get("host_memory_ratio")) and not spec.options.get("host_merged"):
         return (
             f"the host tier runs the config's own eviction order only, not research policy {name!r}; "
-            "drop 'policy' or the host pools (host_kv_tokens, host_state_slots, host_memory_ratio)"
+            "drop 'policy' or the host pools (host_kv_tokens, host_state_slots, host_memory_ratio), or merge "
+            "them into the device's (host_merged: the tier-aware reference)"
         )
     if config.enable_unified_memory:
         return (
@@ -345,7 +361,7 @@ def _trace_facts(
 
 
 def _engine_options(spec: RunSpec, infinite_rows: bool) -> EngineOptions:
-    opts = dict(spec.options)
+    opts = spec.engine_fields()
     if infinite_rows and opts.get("max_running_requests") is None:
         opts["max_running_requests"] = 256  # bounded request table: 256 x max_context_len int32
     return EngineOptions(cost=CostModel(**spec.cost), **opts)
@@ -491,7 +507,8 @@ def run_one(
         found = find_spec(spec.policy)
         assert found is not None and requests is not None  # validated and loaded above
         policy = found.make(config, PolicyContext(requests, pools, spec.model))
-    engine = Engine(config, pools, max_len, options, policy=policy)
+    # the loaded requests (a policy run, a synthetic workload) also size a planned host split up front
+    engine = Engine(config, pools, max_len, options, policy=policy, workload=requests)
     source = (
         requests
         if requests is not None

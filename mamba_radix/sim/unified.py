@@ -5,7 +5,10 @@ recurrent states and the full-attention KV share one buffer, so the state slots 
 holds move with its load. The simulator keeps the counting form of it: both pools are built for the whole
 budget (:func:`~mamba_radix.sim.budget.unified_pools`) and draw on one
 :class:`~mamba_radix.sim.capacity_limit.SharedByteBudget`; SGLang's allocator compacts each side, so there is
-no fragmentation to model.
+no fragmentation to model. At ``page_size > 1`` the KV side is
+:class:`~mamba_radix.sim.capacity_limit.LimitedPagedKVAllocator` (``limited_kv_allocator`` picks it): KV is
+charged and refunded in whole pages, a KV shortfall is rounded up to whole pages, and bytes short of a page
+stay free for states (the core already counts a request's KV in whole pages).
 
 The give-way rule (``CacheConfig.unified_memory_give_way``, :func:`~mamba_radix.pools.unified.give_way_order`)
 lives here, at the edge: :class:`UnifiedMemoryCache` is the core cache with three calls overridden, and
@@ -118,6 +121,9 @@ class UnifiedMemoryCache(MambaRadixCache):
         assert self.budget is not None
         unit = self.budget.unit_bytes
         rule = self.config.unified_memory_give_way
+        if kind == KV:  # paged: KV comes in whole pages, so a shortfall is one too (page size 1: unchanged)
+            page = self.budget.kv_page_size
+            units = -(-units // page) * page
         # whole units: the room the side's free units plus ``units`` more need (a negative room counts as none)
         target = (self.budget.free_units(kind) + units) * unit[kind]
         tokens = states = 0

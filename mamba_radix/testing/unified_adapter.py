@@ -14,7 +14,9 @@ every byte is free, KV or state, are :func:`~mamba_radix.pools.check_unified`'s,
 
 The suite's direct ``evict(num_tokens, num_states)`` asks for units, so it runs the core's eviction
 (units, not bytes); every eviction the cache makes on its own (admission, a hand-over's or a
-copy-on-write's slot) goes through the give-way rule. Unified memory moves single KV tokens: page size 1.
+copy-on-write's slot) goes through the give-way rule. Paged (``page_size > 1``), the KV side is
+:class:`~mamba_radix.sim.capacity_limit.LimitedPagedKVAllocator` and the byte invariant adds that pages
+never split: the KV side holds, offers and is charged whole pages only.
 """
 
 from __future__ import annotations
@@ -51,12 +53,17 @@ class UnifiedSuiteParams(RadixSuiteParams):
 
 @st.composite
 def unified_params(
-    draw: st.DrawFn, strategies: Sequence[str] = ("extra_buffer",), **suite: Any
+    draw: st.DrawFn,
+    strategies: Sequence[str] = ("extra_buffer",),
+    page_sizes: Sequence[int] = (1,),
+    give_way_rules: Sequence[str] = UNIFIED_GIVE_WAY_RULES,
+    **suite: Any,
 ) -> SuiteParams:
-    """:func:`radix_params` at page size 1 (unified memory moves single KV tokens), with a give-way rule."""
-    base = draw(radix_params(strategies=strategies, page_sizes=(1,), **suite))
+    """:func:`radix_params` with a give-way rule drawn from ``give_way_rules``; ``page_sizes`` as
+    :func:`radix_params` takes them (the default, page size 1, draws what it drew before pages existed)."""
+    base = draw(radix_params(strategies=strategies, page_sizes=page_sizes, **suite))
     fields = {k: getattr(base, k) for k in RadixSuiteParams.__dataclass_fields__}
-    return UnifiedSuiteParams(**fields, give_way=draw(st.sampled_from(UNIFIED_GIVE_WAY_RULES)))
+    return UnifiedSuiteParams(**fields, give_way=draw(st.sampled_from(list(give_way_rules))))
 
 
 class UnifiedRadixAdapter(MambaRadixAdapter):
@@ -66,13 +73,17 @@ class UnifiedRadixAdapter(MambaRadixAdapter):
     def _build(self, params: SuiteParams, conv: list[tuple[int, ...]], temporal: tuple[int, ...]) -> None:
         rule = getattr(params, "give_way", "sglang")
         self.config = self.config.replace(enable_unified_memory=True, unified_memory_give_way=rule)  # type: ignore[arg-type]
-        total = params.kv_pages * params.page_size + params.state_slots * STATE_SLOT_UNITS
-        # both pools sized for the whole budget: the budget, not the sizes, decides who holds what
+        page = params.page_size
+        total = params.kv_pages * page + params.state_slots * STATE_SLOT_UNITS
+        # both pools sized for the whole budget: the budget, not the sizes, decides who holds what (the KV
+        # side in whole pages: the budget's last bytes short of a page can only hold states)
         self.mamba_pool = LimitedMambaPool(total // STATE_SLOT_UNITS, 2, conv, temporal)
         self.req_pool = HybridReqToTokenPool(params.req_rows, MAX_CONTEXT, self.mamba_pool, self.config)
-        self.allocator = limited_kv_allocator(total, params.page_size)
+        self.allocator = limited_kv_allocator(total // page * page, page)
         self.cache = UnifiedMemoryCache(self.config, self.req_pool, self.allocator)
-        floors = {"kv": params.page_size * 8, "state": STATE_SLOT_UNITS * 2}
+        # eight tokens or two pages of KV (whichever is more: a 16-token page's eight would leave a pool of
+        # three pages no room to move), two slots of states
+        floors = {"kv": max(8, 2 * page), "state": STATE_SLOT_UNITS * 2}
         self.budget = self.cache.attach_budget(total, 1, STATE_SLOT_UNITS, floors)
 
     def evict(self, num_tokens: int, num_states: int) -> EvictOutcome:
@@ -101,8 +112,10 @@ class UnifiedRadixAdapter(MambaRadixAdapter):
 
     def check_invariants(self, idle: bool = False) -> None:
         """The cache's invariants, then the byte budget's: KV bytes plus state bytes within the budget,
-        and each side's free units at most what the unspent bytes buy (nothing handed out past it)."""
+        each side's free units at most what the unspent bytes buy (nothing handed out past it), and pages
+        never split (:meth:`_check_whole_pages`). O(1) beyond the cache's own."""
         super().check_invariants(idle)
+        self._check_whole_pages()
         budget = self.budget
         kv_bytes = int(self.allocator.used) * budget.unit_bytes["kv"]
         state_bytes = int(self.mamba_pool.used) * budget.unit_bytes["state"]
@@ -118,3 +131,21 @@ class UnifiedRadixAdapter(MambaRadixAdapter):
                     f"unified budget: the {kind} side offers {pool.available_size()} units, more than the "
                     f"{free} free bytes buy"
                 )
+
+    def _check_whole_pages(self) -> None:
+        """Pages never split between KV and free bytes: the budget's KV granule is the allocator's page
+        size, and the KV side's held, offered and withheld tokens are whole pages (which page each index
+        lies in, and that each page has one owner, is the suite's conservation check). O(1)."""
+        page = getattr(self.allocator, "page_size", 1)
+        if self.budget.kv_page_size != page:
+            raise SuiteViolation(
+                f"unified budget: KV granule {self.budget.kv_page_size} is not the allocator's page size {page}"
+            )
+        counts = {
+            "held": int(self.allocator.used),
+            "offered": self.allocator.available_size(),
+            "withheld": self.allocator.withheld,
+        }
+        split = {k: v for k, v in counts.items() if v % page}
+        if split:
+            raise SuiteViolation(f"unified budget: KV tokens {split} are not whole pages of {page}")
