@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 
 from mamba_radix.cache_results import EvictResult, LoadPlan
-from mamba_radix.errors import InvalidArgument
+from mamba_radix.errors import InvalidArgument, OutOfMemory, OutOfSlots
 from mamba_radix.node import TreeNode
 from mamba_radix.radix_key import RadixKey
 from mamba_radix.tree_results import Freed
@@ -74,16 +74,21 @@ class HostTierCache:
     def backup_kv(self, node: TreeNode) -> bool:
         """Copy ``node``'s device KV into host rows and record it on the node (the tree's
         :class:`~mamba_radix.tree.HostBackup` call), evicting host-only leaves when the host is short;
-        False, nothing copied, when it stays short. O(tokens * bytes per token)."""
+        False, nothing copied, when it stays short or the pool refuses the backup anyway (``OutOfMemory``:
+        a refused backup takes nothing; counted in ``backups_skipped``). O(tokens * bytes per token)."""
         pool, stats = self.host_kv_pool, self.host_stats
         assert pool is not None and stats is not None and node.value is not None
         need = len(node.key)
         if pool.available_size() < need:
             self._release(self.tree.evict_host(num_tokens=need - pool.available_size()))
-            if pool.available_size() < need:
-                stats.backups_skipped += 1
-                return False
-        self.tree.set_host_copy(node, host_kv=pool.backup(node.value))
+        try:
+            host_kv = pool.backup(node.value) if pool.available_size() >= need else None
+        except OutOfMemory:  # the pool refused after all (a fault): it took nothing, so skip the copy
+            host_kv = None
+        if host_kv is None:
+            stats.backups_skipped += 1
+            return False
+        self.tree.set_host_copy(node, host_kv=host_kv)
         stats.kv_backed_up += need
         return True
 
@@ -98,15 +103,19 @@ class HostTierCache:
         return self._copy_state(node)
 
     def _copy_state(self, node: TreeNode) -> bool:
-        """:meth:`backup_state` without the policy's filter. O(slot bytes)."""
+        """:meth:`backup_state` without the policy's filter; False, nothing copied, as :meth:`backup_kv`
+        (the pool's refusal here is ``OutOfSlots``). O(slot bytes)."""
         pool, stats = self.host_state_pool, self.host_stats
         assert pool is not None and stats is not None and node.mamba_slot is not None
         if pool.available_size() < 1:
             self._release(self.tree.evict_host(num_slots=1))
-            if pool.available_size() < 1:
-                stats.backups_skipped += 1
-                return False
-        host_slots, _ = pool.backup([node.mamba_slot])
+        try:
+            host_slots = pool.backup([node.mamba_slot])[0] if pool.available_size() >= 1 else None
+        except OutOfSlots:  # the pool refused after all (a fault): it took nothing, so skip the copy
+            host_slots = None
+        if host_slots is None:
+            stats.backups_skipped += 1
+            return False
         self.tree.set_host_copy(node, host_slot=int(host_slots[0]))
         stats.states_backed_up += 1
         return True

@@ -26,8 +26,11 @@ Three forms, one chosen at construction (:func:`make_index`), with the same vict
 - :class:`LazyStampIndex`, the default for the order's own keys: a stamp only writes the node's field.
 
 Each keeps its sets in either form of :mod:`mamba_radix.candidates` (``lazy_removal``, deferred by
-default). The order names, keys and ``flop_weighted`` scores are :mod:`mamba_radix.orders`' (their names
-are re-exported here).
+default; deferred over a sorted list, or over a heap in :class:`LazyStampIndex`, which only reads the
+smallest entry on the eviction path). After a removal the tree tells the index what changed
+(:meth:`~EvictionIndex.child_removed`, :meth:`~EvictionIndex.checkpoint_dropped`): the reference
+re-derives everything, the order-key indices only what the order's keys can read. The order names, keys
+and ``flop_weighted`` scores are :mod:`mamba_radix.orders`' (their names are re-exported here).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from mamba_radix.candidates import COMPACT_MIN_DEAD, KeySet, LazyKeySet
+from mamba_radix.candidates import COMPACT_MIN_DEAD, KeySet, LazyHeapKeySet, LazyKeySet
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, DEFAULT_FLOP_WEIGHT
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.node import ROOT_ID
@@ -159,6 +162,8 @@ class EvictionIndex:
 
     # whether a listed key may be older than the node's current one (LazyStampIndex)
     lazy_stamps: ClassVar[bool] = False
+    # the deferred-removal set's form: a sorted list here, where ordered iteration is O(n)
+    lazy_set: ClassVar[type[LazyKeySet]] = LazyKeySet
     # whether this form relies on the order's own keys (a research policy's are refused)
     order_keys_only: ClassVar[bool] = False
 
@@ -182,8 +187,8 @@ class EvictionIndex:
         self.order: CheckpointOrder = order
         self._full_key: Callable[[TreeNode], Key] = full_evict_key if keys is None else keys.full_key
         self._mamba_key: Callable[[TreeNode], Key] = order.key_of if keys is None else keys.mamba_key
-        self._full = LazyKeySet(compact_min_dead) if lazy_removal else KeySet()
-        self._mamba = LazyKeySet(compact_min_dead) if lazy_removal else KeySet()
+        self._full = self.lazy_set(compact_min_dead) if lazy_removal else KeySet()
+        self._mamba = self.lazy_set(compact_min_dead) if lazy_removal else KeySet()
         self._nodes: dict[int, TreeNode] = {}  # id -> node, for every node in either set
 
     # ------------------------------------------------------------------------------------------ updates
@@ -215,6 +220,18 @@ class EvictionIndex:
         if node.mamba_slot is not None and node.mamba_last_access != now:
             node.mamba_last_access = now
             self.update(node)
+
+    def child_removed(self, parent: TreeNode) -> None:
+        """``parent`` lost a child (it left the tree): re-derive its membership and keys, as
+        :meth:`update`. Here any key may read anything, so always that; :class:`OrderIndex` skips a
+        parent that is still not a leaf. O(log n)."""
+        self.update(parent)
+
+    def checkpoint_dropped(self, node: TreeNode) -> None:
+        """``node`` lost its checkpoint (it stays in the tree): re-derive its membership and keys, as
+        :meth:`update`. Here any key may read anything, so always that; :class:`OrderIndex` only takes
+        the checkpoint entry out. O(log n)."""
+        self.update(node)
 
     def remove(self, node: TreeNode) -> None:
         """Drop ``node`` from both sets (it is leaving the tree). O(log n)."""
@@ -277,6 +294,27 @@ class OrderIndex(EvictionIndex):
 
     order_keys_only = True
 
+    def child_removed(self, parent: TreeNode) -> None:
+        """As :meth:`EvictionIndex.child_removed`, but a parent that still has a device child is left
+        alone: no order's key reads the children, and full membership only changes when the last device
+        child goes (:func:`is_full_candidate`), so nothing it is listed under can have changed. The
+        eviction path's common case (a victim below a fork): O(1) instead of two key computations."""
+        if len(parent.children) != parent.host_children:
+            return
+        self.update(parent)
+
+    def checkpoint_dropped(self, node: TreeNode) -> None:
+        """As :meth:`EvictionIndex.checkpoint_dropped`, but only the checkpoint entry is touched: no
+        order's full key and no full membership reads the checkpoint, and a node without one is no
+        checkpoint candidate. The entry goes at once when it is the set's front (an eviction's victim).
+        O(log n)."""
+        key = node.mamba_evict_key
+        if key is not None:
+            self._mamba.remove(key)
+            node.mamba_evict_key = None
+            if node.full_evict_key is None:
+                del self._nodes[node.id]
+
     def touch(self, nodes: Iterable[TreeNode], now: int) -> None:
         full = self._full
         for node in nodes:
@@ -310,6 +348,8 @@ class LazyStampIndex(OrderIndex):
     """
 
     lazy_stamps = True
+    # a heap: this index only reads the smallest entry (its ordered queries sort the current keys anyway)
+    lazy_set = LazyHeapKeySet
 
     def touch(self, nodes: Iterable[TreeNode], now: int) -> None:
         for node in nodes:

@@ -453,7 +453,7 @@ class RadixTree(HostTierTree):
         node.mamba_slot = None
         del self.slot_owner[slot]
         self.mamba_evictable_size -= 1
-        self.index.update(node)
+        self.index.checkpoint_dropped(node)
         freed.slots.append(slot)
         freed.num_states += 1
 
@@ -599,40 +599,53 @@ class RadixTree(HostTierTree):
         """Delete an unlocked leaf (KV and checkpoint). Then, unless ``mamba_kv_only_leaves`` (SGLang 0.5.23
         keeps such an ancestor's KV as a KV-only leaf, for KV eviction to take), every unlocked tombstone
         ancestor that becomes a leaf goes too (0.5.20); a KV-only-locked one stays until its release
-        (:meth:`dec_lock_ref`). O(removed * log n)."""
+        (:meth:`dec_lock_ref`). O(removed * log n).
+
+        The index is told about the surviving ancestor only (:meth:`EvictionIndex.child_removed`): a
+        tombstone that cascades is in neither candidate set before and after, so re-keying it (an add to
+        the full set, then a removal) would change nothing. Locals are hoisted: this runs once per
+        removed node on the eviction path."""
         self.version += 1
+        index, root, slot_owner, page_size = self.index, self.root, self.slot_owner, self.page_size
+        kv_only_leaves = self.config.mamba_kv_only_leaves
+        kv, slots = freed.kv, freed.slots
         node = leaf
         while True:
             assert not node.children and node.full_lock_ref == 0 and node.mamba_lock_ref == 0
             parent = node.parent
             assert parent is not None
-            del parent.children[self._child_key(node.key, 0, node.extra_key)]
-            self.index.remove(node)
+            del parent.children[child_key(node.key, 0, page_size, node.extra_key)]
+            index.remove(node)
             node.parent = None
             node.owner = None  # detached: is_attached() is False from now on
             self.num_nodes -= 1
-            self.full_evictable_size -= len(node.key)
-            freed.kv.append(node.value)
-            freed.num_tokens += len(node.key)
-            if node.mamba_slot is not None:
-                del self.slot_owner[node.mamba_slot]
+            num_tokens = len(node.key)
+            self.full_evictable_size -= num_tokens
+            kv.append(node.value)
+            freed.num_tokens += num_tokens
+            slot = node.mamba_slot
+            if slot is not None:
+                del slot_owner[slot]
                 self.mamba_evictable_size -= 1
-                freed.slots.append(node.mamba_slot)
+                slots.append(slot)
                 freed.num_states += 1
                 node.mamba_slot = None
             # the host tier: its host copies go with it (a write_back checkpoint may have a host slot only)
             if node.host_kv is not None or node.host_slot is not None:
                 self._drop_host_copies(node, freed)
-            self.index.update(parent)
             if (
-                parent is self.root
+                parent is root
                 or parent.children
                 or parent.mamba_slot is not None
                 or parent.full_lock_ref  # a KV-only lock holds it: it goes at that lock's release
-                or self.config.mamba_kv_only_leaves  # 0.5.23: it stays as a KV-only leaf
+                or kv_only_leaves  # 0.5.23: it stays as a KV-only leaf
             ):
+                index.child_removed(parent)
                 return
-            node = parent  # a tombstone that just became a leaf: it goes too (0.5.20)
+            # a tombstone that just became a leaf: it goes too (0.5.20); it was in neither set (an internal
+            # node without a checkpoint), so it is not re-keyed on its way out
+            assert parent.full_evict_key is None and parent.mamba_evict_key is None
+            node = parent
 
     def evict(self, num_tokens: int = 0, num_states: int = 0) -> Freed:
         """Pick and detach victims until at least ``num_tokens`` KV tokens and ``num_states`` checkpoints
@@ -646,37 +659,39 @@ class RadixTree(HostTierTree):
         Each victim with a checkpoint is reported to :attr:`on_victim` (KV-only leaves are not: their loss
         costs no hit). O(victims * log n).
         """
-        check_count(num_tokens, "num_tokens")
-        check_count(num_states, "num_states")
+        if not (type(num_tokens) is int and type(num_states) is int and num_tokens >= 0 and num_states >= 0):
+            check_count(num_tokens, "num_tokens")  # the full rule (int subclasses, the error's wording)
+            check_count(num_states, "num_states")
         freed = Freed()
         now, observe = self.clock, self.on_victim
-        while freed.num_tokens < num_tokens:
-            leaf = self._next_full_victim()
-            if leaf is None:
-                break
-            # a KV-only leaf is never the end of a hit: its loss is free, so it is not reported
-            if observe is not None and leaf.mamba_slot is not None:
-                observe("kv", now - leaf.last_access)
-            if self.host_tier:
-                self._evict_device_leaf(leaf, freed)
-            else:
-                self._remove_leaf(leaf, freed)
-        while freed.num_states < num_states:
-            node = self._next_mamba_victim()
-            if node is None:
-                break
-            if observe is not None:
-                observe("state", now - node.mamba_last_access)
-            if node.kv_lock_ref:  # the checkpoint a decoding request did not lock (skip_decode_lock)
-                self.checkpoints_dropped_under_kv_lock += 1
-            if node.children or node.full_lock_ref:  # a locked leaf: only a KV-only lock, its KV stays
-                if self.write_back and node.host_slot is None and self.host_backup is not None:
-                    self.host_backup.backup_state(node)  # the checkpoint keeps a host copy
-                self._drop_checkpoint(node, freed)
-            elif self.host_tier:
-                self._evict_device_leaf(node, freed)
-            else:
-                self._remove_leaf(node, freed)
+        # the per-victim calls, looked up once (a median call takes one or two victims: lookups count)
+        remove = self._evict_device_leaf if self.host_tier else self._remove_leaf
+        if num_tokens:
+            next_full = self._next_full_victim
+            while freed.num_tokens < num_tokens:
+                leaf = next_full()
+                if leaf is None:
+                    break
+                # a KV-only leaf is never the end of a hit: its loss is free, so it is not reported
+                if observe is not None and leaf.mamba_slot is not None:
+                    observe("kv", now - leaf.last_access)
+                remove(leaf, freed)
+        if freed.num_states < num_states:
+            next_mamba, drop = self._next_mamba_victim, self._drop_checkpoint
+            while freed.num_states < num_states:
+                node = next_mamba()
+                if node is None:
+                    break
+                if observe is not None:
+                    observe("state", now - node.mamba_last_access)
+                if node.kv_lock_ref:  # the checkpoint a decoding request did not lock (skip_decode_lock)
+                    self.checkpoints_dropped_under_kv_lock += 1
+                if node.children or node.full_lock_ref:  # a locked leaf: only a KV-only lock, its KV stays
+                    if self.write_back and node.host_slot is None and self.host_backup is not None:
+                        self.host_backup.backup_state(node)  # the checkpoint keeps a host copy
+                    drop(node, freed)
+                else:
+                    remove(node, freed)
         return freed
 
     # ------------------------------------------------------------------------------------------ display
