@@ -105,6 +105,8 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     "disaggregation_mode": DISAGGREGATION_MODES,
     "unified_memory_give_way": UNIFIED_GIVE_WAY_RULES,
     "checkpoint_format": CHECKPOINT_FORMATS,
+    "host_write_policy": HOST_WRITE_POLICIES,
+    "host_path_cap": HOST_PATH_CAP_MODES,
 }
 
 
@@ -321,7 +323,9 @@ class CacheConfig:
         for name, choices in FIELD_CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+                close = difflib.get_close_matches(str(value), choices, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}{hint}")
 
     def _check_ranges(self) -> None:
         if self.page_size < 1:
@@ -450,20 +454,6 @@ class CacheConfig:
             )
 
     def _check_host_tier(self) -> None:
-        policy = self.host_write_policy
-        if policy not in HOST_WRITE_POLICIES:
-            close = difflib.get_close_matches(str(policy), HOST_WRITE_POLICIES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"host_write_policy must be one of {', '.join(HOST_WRITE_POLICIES)}, got {policy!r}{hint}"
-            )
-        cap_mode = self.host_path_cap
-        if cap_mode not in HOST_PATH_CAP_MODES:
-            close = difflib.get_close_matches(str(cap_mode), HOST_PATH_CAP_MODES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"host_path_cap must be one of {', '.join(HOST_PATH_CAP_MODES)}, got {cap_mode!r}{hint}"
-            )
         kv, slots = self.host_kv_tokens, self.host_state_slots
         if kv < 0 or slots < 0:
             raise ConfigError(

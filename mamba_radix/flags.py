@@ -197,18 +197,6 @@ def _choices(name: str) -> tuple[str, ...]:
     return FIELD_CHOICES[name]
 
 
-def _host_write_policies() -> tuple[str, ...]:
-    from mamba_radix.config import HOST_WRITE_POLICIES
-
-    return HOST_WRITE_POLICIES
-
-
-def _host_path_cap_modes() -> tuple[str, ...]:
-    from mamba_radix.config import HOST_PATH_CAP_MODES
-
-    return HOST_PATH_CAP_MODES
-
-
 # mamba_radix.capacity.host.HOST_SPLITS, written out so that --help imports no numpy (a test holds them equal)
 _HOST_SPLIT_NAMES = ("ratio", "planned")
 
@@ -269,11 +257,11 @@ def _cache_flags() -> list[Flag]:
          "host tier: rows of the host KV pool (with --host-state-slots; 0 = no host tier)", SIM, False),
         ("--host-state-slots", int_in(0, 1 << 24),
          "host tier: slots of the host state pool (with --host-kv-tokens; 0 = no host tier)", SIM, False),
-        ("--host-write-policy", choice(_host_write_policies()),
+        ("--host-write-policy", choice(_choices("host_write_policy")),
          "host tier: when a node gets its host copy: write_through (at insert), write_through_selective "
          "(at its Nth hit), write_back (at device eviction) or resumable (ours: at device eviction, only "
          "checkpoints a later request can resume from)", SIM, False),
-        ("--host-path-cap", choice(_host_path_cap_modes()),
+        ("--host-path-cap", choice(_choices("host_path_cap")),
          "host tier: what the per-path cap (--mamba-max-states-per-path) does to a dropped checkpoint's host "
          "copy: keep or drop", SIM, False),
         ("--host-write-through-threshold", int_in(1, 1 << 20),
