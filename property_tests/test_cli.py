@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,9 @@ import pytest
 from mamba_radix.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
+
+# a results path no run here writes and no earlier run left behind (a fixed name in /tmp once was)
+NEVER_WRITTEN = os.path.join(tempfile.gettempdir(), f"mamba-radix-never-{uuid.uuid4().hex}.jsonl")
 
 
 @pytest.mark.parametrize(
@@ -69,7 +75,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> None:
             ["simulate", "--synthetic", "chat", "--kv-tokens", "100000000000", "--state-slots", "8"],
             ("--kv-tokens",),
         ),
-        (["sweep", "--out", "/tmp/x.jsonl", "--definition", "/nonexistent.json"], ("not found",)),
+        (["sweep", "--out", NEVER_WRITTEN, "--definition", "/nonexistent.json"], ("not found",)),
         (["experiment", "--definition", "/nonexistent.json"], ("not found",)),
         (
             ["experiment", "--workloads", "forest", "--limit", "3"],
@@ -81,7 +87,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *words: str) -> None:
         ),
         (["experiment", "--backend", "ray", "--limit", "3"], ("local processes",)),
         (["experiment", "--definition", "peers", "--policies", "sift"], ("policy comparisons",)),
-        (["sweep", "--definition", "default", "--out", "/tmp/x.jsonl"], ("policy comparison", "experiment")),
+        (["sweep", "--definition", "default", "--out", NEVER_WRITTEN], ("policy comparison", "experiment")),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
