@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mamba_radix.sim.reference import match_reference
+from mamba_radix.sim.reference import match_reference, select_runs
 
 __all__ = [
     "BASELINE",
@@ -716,18 +716,11 @@ def memory_plot_problems(index: int, plot: dict[str, Any], groups: Sequence[Any]
 def _runs(
     records: Sequence[dict[str, Any]], groups: Sequence[str], where: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """The successful finite runs of ``groups`` that match ``where`` (value, or list of accepted values)."""
-    out = []
-    for r in records:
-        p = r.get("params", {})
-        if "error" in r or p.get("infinite") or p.get("group") not in groups:
-            continue
-        if where and any(
-            (p.get(k) not in v) if isinstance(v, list) else (p.get(k) != v) for k, v in where.items()
-        ):
-            continue
-        out.append(r)
-    return out
+    """The successful finite runs of ``groups`` (none for an empty list) that match ``where`` (value, or list
+    of accepted values)."""
+    if not groups:
+        return []
+    return [r for r in select_runs(records, groups, where) if not r["params"].get("infinite")]
 
 
 def _prefix(names: Sequence[str]) -> str:

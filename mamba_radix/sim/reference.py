@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ReferenceMatch", "match_reference"]
+__all__ = ["ReferenceMatch", "match_reference", "select_runs"]
 
 Record = dict[str, Any]
 
@@ -46,4 +46,25 @@ def match_reference(
         if ref is not None and counterpart is not None and not counterpart(run, ref):
             ref = None
         out.append(ReferenceMatch(run, ref, ref is not None and identical(run, ref)))
+    return out
+
+
+def select_runs(
+    records: Sequence[Record], groups: Sequence[str] | None, where: dict[str, Any] | None
+) -> list[Record]:
+    """The successful runs (no ``error``) of ``groups`` (None or empty: every group) whose parameters match
+    ``where`` (a value, or a list of accepted values, per key): the runs a plot or table of either report
+    draws. O(records)."""
+    out = []
+    for r in records:
+        if "error" in r:
+            continue
+        p = r["params"]
+        if groups and p.get("group") not in groups:
+            continue
+        if where and any(
+            (p.get(k) not in v) if isinstance(v, list) else (p.get(k) != v) for k, v in where.items()
+        ):
+            continue
+        out.append(r)
     return out

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba_radix.errors import ConfigError
-from mamba_radix.sim.reference import match_reference
+from mamba_radix.sim.reference import match_reference, select_runs
 
 __all__ = [
     "Y_UNITS",
@@ -260,24 +260,6 @@ def _infinite_by_strategy(records: Sequence[dict[str, Any]]) -> dict[str, float]
     }
 
 
-def _select(
-    records: Sequence[dict[str, Any]], groups: Sequence[str] | None, where: dict[str, Any] | None
-) -> list[dict[str, Any]]:
-    out = []
-    for r in records:
-        if "error" in r:
-            continue
-        p = r["params"]
-        if groups and p.get("group") not in groups:
-            continue
-        if where and any(
-            (p.get(k) not in v) if isinstance(v, list) else (p.get(k) != v) for k, v in where.items()
-        ):
-            continue
-        out.append(r)
-    return out
-
-
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 # a line plot's ``y_unit``: what one unit of the axis is, in the metric's own unit (bytes for GiB)
 Y_UNITS: dict[str | None, float] = {None: 1.0, "GiB": float(GIB)}
@@ -365,7 +347,7 @@ def _line_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path: Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = _select(records, spec.get("groups"), spec.get("where"))
+    runs = select_runs(records, spec.get("groups"), spec.get("where"))
     x_key, y_key = spec["x"], spec.get("y", "token_hit_rate")
     series_keys = spec.get("series", [])
     lines: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
@@ -464,7 +446,7 @@ def _pressure_plot(records: Sequence[dict[str, Any]], spec: dict[str, Any], path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [r for r in _select(records, spec.get("groups"), spec.get("where")) if r.get("timeseries")]
+    runs = [r for r in select_runs(records, spec.get("groups"), spec.get("where")) if r.get("timeseries")]
     if not runs:
         return False
     series = spec.get("series", ["strategy"])
@@ -575,7 +557,7 @@ def write_report(
 
                 lines += reference_fractions(ok, spec)
             if spec.get("x") == "mamba_eviction_order":
-                lines += [*order_comparisons(_select(ok, spec.get("groups"), spec.get("where"))), ""]
+                lines += [*order_comparisons(select_runs(ok, spec.get("groups"), spec.get("where"))), ""]
     if reference is not None or reference_name:
         lines += ["## Compared with the reference", ""]
         lines += reference_comparison(records, reference or [], reference_name or "the reference")
