@@ -27,17 +27,15 @@ host-resident prefix back (:meth:`MambaRadixCache.plan_load_back`, :meth:`MambaR
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
 from mamba_radix.buffers import buffer_strategy
-from mamba_radix.cache_host import HostTierCache
+from mamba_radix.cache_host import HostTierCache, check_host_tier_options
 from mamba_radix.cache_results import (
     CacheStats,
     EvictResult,
-    HostTierStats,
     InsertResult,
     LoadPlan,
     MatchResult,
@@ -61,8 +59,7 @@ from mamba_radix.pools import (
 )
 from mamba_radix.pools.checkpoint_pool import CheckpointPool, default_checkpoint_slots
 from mamba_radix.pools.held import HeldIndices
-from mamba_radix.pools.host_kv_pool import HostKVPool, KVStorage
-from mamba_radix.pools.host_state_pool import HostStatePool
+from mamba_radix.pools.host_kv_pool import KVStorage
 from mamba_radix.request import Req
 from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 
@@ -104,13 +101,7 @@ class MambaRadixCache(HostTierCache):
         kv_storage: KVStorage | None = None,
     ) -> None:
         check_cache_pools(config, req_to_token_pool, token_to_kv_pool_allocator)
-        if config.host_tier and events:
-            raise InvalidArgument("events=True is not recorded with the host tier yet; pass events=False")
-        if config.host_tier and policy is not None and type(policy) is not CachePolicy:
-            raise InvalidArgument(
-                f"the host tier runs the config's own eviction order only; got research policy "
-                f"{type(policy).__name__}: pass policy=None or set host_kv_tokens=host_state_slots=0"
-            )
+        check_host_tier_options(config, policy, events)
         self.config = config
         self.req_to_token_pool = req_to_token_pool
         self.mamba_pool = req_to_token_pool.mamba_pool
@@ -137,25 +128,7 @@ class MambaRadixCache(HostTierCache):
         self.stats = CacheStats()
         # chosen once: None costs an attribute test per insert and eviction; a log names what they change
         self._events: EventLog | None = EventLog(config.page_size) if events else None
-        # the host tier: None while it is off (every branch on it tests one attribute)
-        self.host_kv_pool: HostKVPool | None = None
-        self.host_state_pool: HostStatePool | None = None
-        self.host_stats: HostTierStats | None = None
-        if config.host_tier:
-            self.host_kv_pool = HostKVPool(config.host_kv_tokens, kv_storage)
-            self.host_state_pool = HostStatePool(self.mamba_pool, config.host_state_slots)
-            self.host_stats = HostTierStats()
-            policy_name = config.host_write_policy
-            self._host_threshold = (
-                0
-                if policy_name == "write_back"
-                else 1
-                if policy_name == "write_through"
-                else config.host_write_through_threshold
-            )
-            self._plan_ids = itertools.count(1)
-            self._open_plans: dict[int, LoadPlan] = {}
-            self.tree.host_backup = self
+        self._init_host_tier(kv_storage)
         self.lifecycle = RequestLifecycle(self)
 
     # ------------------------------------------------------------------ the lifecycle, forwarded

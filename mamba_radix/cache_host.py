@@ -22,20 +22,63 @@ first (:meth:`RadixTree.evict_host`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 
-from mamba_radix.cache_results import EvictResult, LoadPlan
+from mamba_radix.cache_results import EvictResult, HostTierStats, LoadPlan
+from mamba_radix.config import CacheConfig
 from mamba_radix.errors import InvalidArgument, OutOfMemory, OutOfSlots
 from mamba_radix.node import TreeNode
+from mamba_radix.policy import CachePolicy
+from mamba_radix.pools.host_kv_pool import HostKVPool, KVStorage
+from mamba_radix.pools.host_state_pool import HostStatePool
 from mamba_radix.radix_key import RadixKey
 from mamba_radix.tree_results import Freed
 
 
+def check_host_tier_options(config: CacheConfig, policy: CachePolicy | None, events: bool) -> None:
+    """Refuse, before the cache builds anything, what the host tier does not support yet: an event log and
+    a research policy. Raises :class:`InvalidArgument`; no effect without the tier. O(1)."""
+    if config.host_tier and events:
+        raise InvalidArgument("events=True is not recorded with the host tier yet; pass events=False")
+    if config.host_tier and policy is not None and type(policy) is not CachePolicy:
+        raise InvalidArgument(
+            f"the host tier runs the config's own eviction order only; got research policy "
+            f"{type(policy).__name__}: pass policy=None or set host_kv_tokens=host_state_slots=0"
+        )
+
+
 class HostTierCache:
     """The host-tier methods of :class:`~mamba_radix.cache.MambaRadixCache` (see the module docstring)."""
+
+    def _init_host_tier(self, kv_storage: KVStorage | None) -> None:
+        """Build the host tier's pools and state over the cache's config and state pool (called once, by the
+        cache's constructor, after the tree): both host pools, the counters, the hit threshold of the
+        write policy, the open load plans, and the tree's backup hook. The attributes are None while the
+        tier is off (every branch on it tests one attribute). O(host pool sizes)."""
+        config = self.config
+        self.host_kv_pool: HostKVPool | None = None
+        self.host_state_pool: HostStatePool | None = None
+        self.host_stats: HostTierStats | None = None
+        if not config.host_tier:
+            return
+        self.host_kv_pool = HostKVPool(config.host_kv_tokens, kv_storage)
+        self.host_state_pool = HostStatePool(self.mamba_pool, config.host_state_slots)
+        self.host_stats = HostTierStats()
+        policy_name = config.host_write_policy
+        self._host_threshold = (
+            0
+            if policy_name == "write_back"
+            else 1
+            if policy_name == "write_through"
+            else config.host_write_through_threshold
+        )
+        self._plan_ids = itertools.count(1)
+        self._open_plans: dict[int, LoadPlan] = {}
+        self.tree.host_backup = self
 
     def _count_host_hits(self, nodes: list[TreeNode]) -> None:
         """Count a hit on each of ``nodes`` (top-down, device-resident) and back up those that reach the
