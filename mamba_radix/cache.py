@@ -27,7 +27,9 @@ host-resident prefix back (:meth:`MambaRadixCache.plan_load_back`, :meth:`MambaR
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -68,6 +70,12 @@ from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 __all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
 
 
+def _free_concatenated(allocator: Any, chunks: list[torch.Tensor]) -> None:
+    """Free ``chunks`` of KV indices through ``allocator.free`` as one tensor, unchecked (an allocator
+    without ``free_chunks``). O(indices)."""
+    allocator.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
+
+
 class MambaRadixCache(HostTierCache):
     """The Mamba-aware radix prefix cache over a :class:`HybridReqToTokenPool` and a token allocator.
 
@@ -106,6 +114,11 @@ class MambaRadixCache(HostTierCache):
         self.req_to_token_pool = req_to_token_pool
         self.mamba_pool = req_to_token_pool.mamba_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        # an eviction's trusted KV free, chosen once: an allocator of ours takes the victims' chunks as they
+        # are (no concatenation, no copy); another allocator gets them concatenated
+        self._free_kv_chunks: Callable[[list[torch.Tensor]], None] = getattr(
+            token_to_kv_pool_allocator, "free_chunks", None
+        ) or functools.partial(_free_concatenated, token_to_kv_pool_allocator)
         self.device = token_to_kv_pool_allocator.device
         if policy is not None and not isinstance(policy, CachePolicy):
             raise InvalidArgument(f"policy must be a CachePolicy, got {type(policy).__name__}")
@@ -624,13 +637,7 @@ class MambaRadixCache(HostTierCache):
             if self._tree_kv is not None:
                 for kv in freed.kv:
                     self._tree_kv.release(kv)
-            allocator = self.token_to_kv_pool_allocator
-            free_chunks = getattr(allocator, "free_chunks", None)  # an allocator of ours has it
-            if free_chunks is not None:
-                free_chunks(freed.kv)
-            else:
-                kv = freed.kv[0] if len(freed.kv) == 1 else torch.cat(freed.kv)
-                allocator.free(kv, check=False)
+            self._free_kv_chunks(freed.kv)
         if freed.slots:
             self._checkpoint_slots().free(freed.slots, check=False)
         if freed.host_kv:  # the host tier: host copies of nodes that left the tree
