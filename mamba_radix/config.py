@@ -85,8 +85,8 @@ UNIFIED_GIVE_WAY_RULES: tuple[str, ...] = ("sglang", "older_victim", "floor")
 # here, so that a config is validated without importing torch
 CHECKPOINT_FORMATS: tuple[str, ...] = ("model", "int8", "fp8_e4m3")
 # when a node's KV and checkpoint get their host copy (SGLang's --hicache-write-policy; docs/host-tier.md):
-# at insert, after N hits, or at device eviction; and ours, resumable: only the checkpoints a later request
-# can resume from (sequence ends, the checkpoint a fork resumes from), at device eviction
+# at insert, after N hits, or at device eviction; and ours, resumable: at device eviction, first the checkpoints
+# a later request can resume from (sequence ends, the checkpoint a fork resumes from), others into free host memory
 HOST_WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back", "resumable")
 # what the per-path cap (mamba_max_states_per_path) does to a dropped checkpoint's host copy: keep it (SGLang
 # #31230) or free it too, host-only checkpoints counting against the cap (SGLang #39853's flag)
@@ -252,9 +252,10 @@ class CacheConfig:
     - ``host_write_policy``: when a node gets its host copy: ``write_through`` (at its first hit, an insert
       counting as one: SGLang's default), ``write_through_selective`` (at its
       ``host_write_through_threshold``-th hit), ``write_back`` (when the device evicts it) or
-      ``resumable`` (ours: only checkpoints a later request can resume from, a sequence's end or the
-      checkpoint a fork resumes from, copied when the device evicts them; host eviction takes stale
-      host checkpoints first).
+      ``resumable`` (ours: copied when the device evicts them, checkpoints a later request can resume
+      from, a sequence's end or the checkpoint a fork resumes from, even if host copies must go for
+      them, any other checkpoint only into free host memory; host eviction takes stale host checkpoints
+      first).
     - ``host_write_through_threshold``: the hit count of ``write_through_selective`` (SGLang's: 2).
     - ``host_path_cap``: what the per-path cap (``mamba_max_states_per_path``) does to the host copy of a
       checkpoint it drops: ``keep`` (SGLang #31230: the host copy stays) or ``drop`` (host-only

@@ -259,8 +259,8 @@ def _cache_flags() -> list[Flag]:
          "host tier: slots of the host state pool (with --host-kv-tokens; 0 = no host tier)", SIM, False),
         ("--host-write-policy", choice(_choices("host_write_policy")),
          "host tier: when a node gets its host copy: write_through (at insert), write_through_selective "
-         "(at its Nth hit), write_back (at device eviction) or resumable (ours: at device eviction, only "
-         "checkpoints a later request can resume from)", SIM, False),
+         "(at its Nth hit), write_back (at device eviction) or resumable (ours: at device eviction, "
+         "checkpoints a later request can resume from first, others only into free host memory)", SIM, False),
         ("--host-path-cap", choice(_choices("host_path_cap")),
          "host tier: what the per-path cap (--mamba-max-states-per-path) does to a dropped checkpoint's host "
          "copy: keep or drop", SIM, False),
@@ -400,8 +400,8 @@ def _other_flags() -> list[Flag]:
              "--host-kv-tokens / --host-state-slots (0 = no host tier)", SIM, "cache", metavar="R"),
         Flag("--host-split", "options", choice(_HOST_SPLIT_NAMES),
              "host tier: how the host bytes split between the host pools: ratio (each pool sized alone, as "
-             "SGLang) or planned (the same bytes, one host state slot per KV tokens a resumable point covers on "
-             "the workload: mamba_radix.capacity.host)", SIM, "cache", default_text="ratio", metavar="NAME"),
+             "SGLang) or planned (the same bytes, one host state slot per KV tokens a host copy covers on the "
+             "workload under the write policy: mamba_radix.capacity.host)", SIM, "cache", default_text="ratio", metavar="NAME"),
         Flag("--peer", "peer", _peer, "a peer preset: another system's cache rules as config changes "
              "(mamba_radix.peers; marconi-static is Marconi's admission with the static flop_weighted key, "
              "not the experiment's policy marconi), applied after the other flags; a flag it sets to another value "

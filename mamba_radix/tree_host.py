@@ -5,8 +5,8 @@ back and evicts host-only leaves. A mixin over the tree's own state (the host re
 like the tree it decides and reports what to free (:class:`~mamba_radix.tree_results.Freed`), and the cache
 frees.
 
-The ``resumable`` write policy's tree side: which checkpoints are *resume points* (:meth:`is_resume_point`),
-the backup filter at device eviction, and host eviction that takes *stale* host checkpoints (a deeper
+The ``resumable`` write policy's tree side: which checkpoints are *resume points* (:meth:`is_resume_point`;
+the cache's backup copies those first), and host eviction that takes *stale* host checkpoints (a deeper
 checkpoint on the same single-child chain serves every request that passes: a sequence's end that a later
 turn extended, a branch point that lost its branches) before the host-only leaves, least recently used
 first within each class. Stale candidates are kept in a lazy heap (``host_stale``): noted when an insert
@@ -51,7 +51,9 @@ class HostTierTree:
     ) -> None:
         """Record a host copy the host tier's owner just made of ``node``'s KV (``host_kv``, host KV indices,
         one per token) and/or checkpoint (``host_slot``). Trusted (the cache's backup): the node holds no
-        copy of that kind yet and its parent's KV has one (or is the root). O(1)."""
+        copy of that kind yet and its parent's KV has one (or is the root). Under ``resumable`` a checkpoint
+        copied while it may be stale (one child: a fallback copied into free host memory) is noted for
+        host eviction to take first. O(1), O(log n) for such a note."""
         if host_kv is not None:
             assert node.host_kv is None and host_kv.numel() == len(node.key)
             assert node.parent is self.root or node.parent.host_kv is not None  # type: ignore[union-attr]
@@ -61,6 +63,8 @@ class HostTierTree:
             assert node.host_slot is None and host_slot not in self.host_slot_owner
             node.host_slot = host_slot
             self.host_slot_owner[host_slot] = node
+            if len(node.children) == 1:
+                self._note_stale(node)  # checked again when taken; a no-op but under resumable
 
     def _drop_host_slot(self, node: TreeNode, freed: Freed) -> None:
         """Hand ``node``'s host checkpoint to ``freed``; the node stays (its host KV too). O(1)."""
@@ -156,18 +160,16 @@ class HostTierTree:
     def _evict_device_leaf(self, leaf: TreeNode, freed: Freed) -> None:
         """Device eviction of an unlocked device leaf with the host tier on: demote it (device KV and
         checkpoint released, the node kept as host-only) when it has a host copy of its KV (under
-        ``write_back``, made now if the host has room; under ``resumable`` only for a resume point holding
-        a checkpoint) and is worth keeping there (a checkpoint's host copy, or host-only children); else
-        remove it as without the tier. O(depth) plus the copy."""
+        ``write_back``, made now if the host has room; under ``resumable`` made with its checkpoint's copy,
+        which the cache's :meth:`HostBackup.backup_state` decides) and is worth keeping there (a
+        checkpoint's host copy, or host-only children); else remove it as without the tier. O(depth) plus
+        the copy."""
         backup = self.host_backup
-        if (
-            self.write_back
-            and backup is not None
-            and (
-                not self.resumable
-                or (leaf.mamba_slot is not None and leaf.host_slot is None and self.is_resume_point(leaf))
-            )
-        ):
+        if self.resumable and backup is not None:
+            # a leaf without a checkpoint is not worth a host copy of its own KV: nothing could resume there
+            if leaf.mamba_slot is not None and leaf.host_slot is None:
+                backup.backup_state(leaf)
+        elif self.write_back and backup is not None:
             # the host copies stay a subtree from the root: ancestors without one are copied first, top-down
             # (SGLang's write_back copies the victim alone; ours also keeps its ancestors' KV on the host)
             chain = []

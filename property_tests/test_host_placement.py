@@ -1,9 +1,9 @@
 """Our host placement (issue 25): the ``resumable`` write policy and the per-path cap's ``host_path_cap``.
 
-``resumable`` keeps on the host only checkpoints a later request can resume from (a sequence's end, the
-checkpoint a fork resumes from), copied at device eviction, and host eviction takes stale host checkpoints
-(a deeper checkpoint on the same single-child chain serves every request that passes) before the host-only
-leaves. ``host_path_cap="drop"`` makes the per-path cap count and free host copies too (SGLang #39853);
+``resumable`` copies at device eviction the checkpoints a later request can resume from (a sequence's end,
+the checkpoint a fork resumes from), evicting host copies for them if it must, and the other checkpoints
+only into free host memory; host eviction takes stale host checkpoints (a deeper checkpoint on the same
+single-child chain serves every request that passes) before the host-only leaves. ``host_path_cap="drop"`` makes the per-path cap count and free host copies too (SGLang #39853);
 ``"keep"`` (the default) leaves them (SGLang #31230).
 
 Real pools and real bytes throughout: the engine of ``test_host_tier`` stamps every state with its prefix's
@@ -29,14 +29,17 @@ def deepest(engine: HostEngine) -> TreeNode:
     return max(engine.cache.tree.nodes(), key=lambda n: (n.depth, n.id))
 
 
-def record_state_copies(engine: HostEngine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
-    """Every host copy of a checkpoint the cache makes, as (depth, whether a resume point at that moment)."""
+def record_state_copies(engine: HostEngine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool, bool]]:
+    """Every host copy of a checkpoint the cache makes, as (depth, whether a resume point at that moment,
+    whether its host slot was free before the copy)."""
     cache = engine.cache
-    copies: list[tuple[int, bool]] = []
+    copies: list[tuple[int, bool, bool]] = []
     copy = cache._copy_state
 
     def recording(node: TreeNode) -> bool:
-        copies.append((node.depth, cache.tree.is_resume_point(node)))
+        copies.append(
+            (node.depth, cache.tree.is_resume_point(node), cache.host_state_pool.available_size() >= 1)
+        )
         return copy(node)
 
     monkeypatch.setattr(cache, "_copy_state", recording)
@@ -57,14 +60,18 @@ def test_config_names_and_defaults() -> None:
 
 
 # ------------------------------------------------------------------------------------ resumable placement
+@pytest.mark.parametrize("host_slots", [1, 32])
 @pytest.mark.parametrize("strategy", [EXTRA, NO_BUFFER], ids=["extra_buffer", "no_buffer"])
-def test_resumable_copies_resume_points_only(strategy: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two turns of one conversation, then the device is emptied: write_back copies every checkpoint,
-    resumable only the sequence's end; every copy it makes is of a resume point, and the next turn still
-    loads its whole prefix back from the host, byte-exact (the engine checks stamps and KV rows)."""
+def test_resumable_copies_resume_points_first(
+    strategy: dict, host_slots: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two turns of one conversation, then the device is emptied. Resumable copies the sequence's end and
+    the stale checkpoints above it only into free host memory: with one host slot none of them (each would
+    displace the end's copy), with 32 every one write_back copies. Either way the next turn loads its
+    whole prefix back from the host, byte-exact (the engine checks stamps and KV rows)."""
     copied = {}
     for policy in ("write_back", "resumable"):
-        engine = make_engine(host_write_policy=policy, host_slots=32, **strategy)
+        engine = make_engine(host_write_policy=policy, host_slots=host_slots, **strategy)
         copies = record_state_copies(engine, monkeypatch)
         turn1 = prompt(200)
         engine.run(Req(1, turn1))
@@ -75,10 +82,14 @@ def test_resumable_copies_resume_points_only(strategy: dict, monkeypatch: pytest
         tree = engine.cache.tree
         copied[policy] = sorted(n.depth for n in tree.nodes() if n.host_slot is not None)
         if policy == "resumable":
-            assert copies and all(resume for _, resume in copies), copies
-            assert all(tree.is_resume_point(n) for n in tree.nodes() if n.host_slot is not None)
+            assert copies and copies[0][1], copies  # the sequence's end first
+            assert all(resume or free for _, resume, free in copies), copies  # the rest into free slots
             end = deepest(engine)
-            assert copied[policy] == [end.depth]  # the sequence's end alone
+            assert end.host_slot is not None
+            if host_slots == 1:
+                assert copied[policy] == [end.depth]  # the sequence's end alone
+            else:
+                assert copied[policy] == copied["write_back"]  # room for every fallback
             turn3 = tokens_of(engine, end) + [60_000 + i for i in range(10)]
             req = Req(3, turn3)
             assert engine.admit(req)
@@ -89,7 +100,7 @@ def test_resumable_copies_resume_points_only(strategy: dict, monkeypatch: pytest
                 assert engine.forward(req, min(64, len(turn3) - req.kv_len))
             req.output_ids.append(10_000)
             engine.finish(req)
-    assert len(copied["write_back"]) > len(copied["resumable"]) >= 1
+    assert len(copied["write_back"]) >= len(copied["resumable"]) >= 1
 
 
 def test_resumable_keeps_the_checkpoint_a_fork_resumes_from() -> None:

@@ -118,7 +118,15 @@ def test_chat_coverage_and_refusals() -> None:
     assert cov.resumable_points == len(chat) + 1
     with_chunks = workload_coverage(chat, 8192)
     assert with_chunks.chunk_points == len(chat)  # every input fits one chunk: its end, besides the finish
-    assert with_chunks.tokens_per_copy("resumable") == cov.tokens_per_point
+    # resumable copies every resumable point and others into free memory: between the two, geometrically
+    assert with_chunks.tokens_per_copy("resumable") == pytest.approx(
+        (with_chunks.tokens_per_point * with_chunks.tokens_per_checkpoint) ** 0.5
+    )
+    assert (
+        with_chunks.tokens_per_checkpoint
+        < with_chunks.tokens_per_copy("resumable")
+        < with_chunks.tokens_per_point
+    )
     assert with_chunks.tokens_per_copy("write_back") == cov.kv_tokens / (cov.resumable_points + len(chat))
     with pytest.raises(InvalidArgument, match="no request"):
         workload_coverage([])
@@ -271,8 +279,8 @@ def test_plan_host_memory_gb(capsys: pytest.CaptureFixture[str]) -> None:
             + split["state_slots"] * split["bytes_per_state_slot"]
         )
     assert (
-        abs(planned["tokens_per_slot"] - h["coverage"]["tokens_per_point"])
-        / h["coverage"]["tokens_per_point"]
+        abs(planned["tokens_per_slot"] - h["coverage"]["tokens_per_resumable_copy"])
+        / h["coverage"]["tokens_per_resumable_copy"]
         < 0.01
     )
     assert main(["plan", "--memory-budget-gb", "27.25", "--host-memory-gb", "100"]) == 2

@@ -198,8 +198,9 @@ def format_host(h: HostPlan) -> str:
         lines.append(row("sglang --hicache-size", h.sglang))
         lines.append(
             "  (SGLang splits host memory as the device pools' bytes, like --hicache-ratio; the planned splits "
-            "give the host one state slot per host copy's KV: a resumable point under --host-write-policy "
-            "resumable, any checkpoint under SGLang's write policies: simulate --host-split planned)"
+            "give the host one state slot per host copy's KV: under --host-write-policy resumable the geometric "
+            "mean of a point's and a checkpoint's, any checkpoint under SGLang's write policies: simulate "
+            "--host-split planned)"
         )
     else:
         lines.append("  sglang --hicache-size: give a memory budget to size the device pools it splits by")
