@@ -14,8 +14,14 @@ setup:
 # experiments/results/default-<UTC time>/ (git-ignored); the report compares its numbers with the committed
 # reference (experiments/reference/default/). The former default, SGLang's knobs one at a time in timed
 # mode, is `mamba-radix experiment --definition sglang-knobs` (reference: experiments/reference/sglang-knobs/).
+#
+# Then the tier dimension (the bundled definition `host_tier`, issue 25): SGLang's write policies with the host
+# pools at 0, 4x and 10x the device pools, SGLang's HiCache against our placement and split at equal bytes, and
+# the tier-aware oracle; 134 runs, about 3.5 minutes on 2 cores, into experiments/results/host_tier-<UTC time>/,
+# its report compared with experiments/reference/host_tier/.
 experiment: setup
 	$(PY) -m mamba_radix.cli experiment --results-dir experiments/results --jobs 2
+	$(PY) -m mamba_radix.cli experiment --definition host_tier --results-dir experiments/results --jobs 2
 
 # Re-run the main job into experiments/reference/default/ (replacing it) and refresh the bundled
 # mamba_radix/data/experiments/default.reference.jsonl; commit both.

@@ -72,3 +72,15 @@ def test_adaptive_split_table_is_the_committed_run() -> None:
     assert ours, f"{POLICIES_PAGE.name} lost its adaptive-split table"
     for key, cells in ours.items():
         assert committed.get(key) == cells, f"{POLICIES_PAGE.name} row {key} differs from {reference.name}"
+
+
+def test_host_tier_tables_are_the_committed_run() -> None:
+    """The host tier page's comparison rows (SGLang's HiCache, our placement, the tier-aware oracle) are rows of
+    the committed host_tier run's report (`mamba-radix experiment --definition host_tier --out
+    experiments/reference/host_tier --force`, then copy the rows into docs/host-tier.md)."""
+    page = (ROOT / "docs" / "host-tier.md").read_text(encoding="utf-8")
+    report = (ROOT / "experiments" / "reference" / "host_tier" / "report.md").read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| host 4x, ")]
+    assert len(rows) >= 8, "docs/host-tier.md lost its HiCache-against-ours tables"
+    for line in rows:
+        assert line in report, f"docs/host-tier.md row not in the host_tier reference report: {line}"
