@@ -24,7 +24,10 @@ each form a subtree from the root; a host-only node holds host KV, no device che
 host-only leaf a host checkpoint; ``host_children`` counts the host-only children; a node's host KV has one
 index per token; every host KV index and host state slot is owned by exactly one node and allocated in its
 host pool, and every allocated one is owned (host pool used == sum over nodes; freed exactly once); the
-``resumable`` policy's stale heap names each node once, as its id set says.
+``resumable`` policy's stale heap names each node once, as its id set says; the host index (a lazy heap,
+``tree_host``) names each node once, as its id set says, is a heap, and lists every host-only leaf under
+its own depth and id and a stamp not ahead of the node's (entries of nodes that stopped being host-only
+leaves may stay until popped or compacted).
 
 Plus the structure itself: parent/child links and child keys, ``depth``, page alignment, lock arithmetic
 (``full_lock_ref == mamba_lock_ref + kv_lock_ref + sum(child.full_lock_ref)``), stamps not ahead of the
@@ -181,6 +184,36 @@ def _check_host_residency(tree: RadixTree, node: TreeNode, parent: TreeNode) -> 
         )
 
 
+def _check_host_index(tree: RadixTree) -> None:
+    """The host index (``tree.host_leaves``, a lazy heap; see :mod:`mamba_radix.tree_host`): each id once, as
+    ``host_leaf_ids`` says; the heap order; every host-only leaf listed under ``(stamp, -depth, id)`` with
+    a stamp at most its ``last_access`` (the entry is re-keyed when it reaches the front, which makes host
+    eviction's order exact). Run after ``host_only_nodes`` was checked against the tree. O(heap + host-only
+    nodes)."""
+    heap = tree.host_leaves
+    listed = {entry[2]: entry for entry in heap}
+    if listed.keys() != tree.host_leaf_ids or len(heap) != len(listed):
+        _fail(tree, "host tier: the host index and its id set disagree, or an id is in it twice")
+    for i in range(1, len(heap)):
+        if heap[i][:3] < heap[(i - 1) // 2][:3]:
+            _fail(tree, f"host tier: the host index is not a heap at entry {i}: {heap[i][:3]}")
+    for node in tree.host_only_nodes.values():
+        if node.children:
+            continue
+        entry = listed.get(node.id)
+        if entry is None:
+            _fail(
+                tree,
+                f"host tier: host-only leaf {node.id} is not in the host index (host eviction misses it)",
+            )
+        elif entry[3] is not node or entry[1] != -node.depth or entry[0] > node.last_access:
+            _fail(
+                tree,
+                f"host tier: host-only leaf {node.id} is listed in the host index under {entry[:3]}, its key is "
+                f"{(node.last_access, -node.depth, node.id)}",
+            )
+
+
 def check_tree_invariants(tree: RadixTree) -> None:
     """The pool-free invariants (structure, 1, 2, 4, 5). O(n)."""
     ids: set[int] = set()
@@ -233,6 +266,7 @@ def check_tree_invariants(tree: RadixTree) -> None:
         tree.host_stale_ids
     ):
         _fail(tree, "host tier: the stale heap (resumable) and its id set disagree, or an id is in it twice")
+    _check_host_index(tree)
     if len(ids) != tree.num_nodes:
         _fail(tree, f"num_nodes is {tree.num_nodes} but the tree has {len(ids)} nodes")
     if num_slots != len(tree.slot_owner):

@@ -207,7 +207,7 @@ PEERS: dict[str, Peer] = {
             "device); backups and loads are synchronous in the tree (SGLang's finish on a side stream, the "
             "simulator times them on the host link); no L3 storage backend, prefetch or host-pool decode "
             "retraction; write_back copies a victim's missing ancestors first (SGLang copies the victim alone); "
-            "host eviction scans host-only leaves LRU where SGLang keeps a host LRU list.",
+            "host eviction takes host-only leaves LRU from a lazy heap where SGLang keeps a host LRU list.",
             sglang_0_5_23_hicache,
             (("host_memory_ratio", SGLANG_HICACHE_RATIO),),
         ),

@@ -144,8 +144,8 @@ class RadixTree(HostTierTree):
         # slot -> node holding it: catches a slot handed to the tree twice in O(1)
         self.slot_owner: dict[int, TreeNode] = {}
         # the host tier (all empty while it is off): whether it is on, the cache's backup hook (write_back,
-        # resumable, the cap's "drop"), host-only nodes by id (host eviction scans them), host slot -> node,
-        # host KV rows held, and the ids a load-back in progress protects from host eviction
+        # resumable, the cap's "drop"), host-only nodes by id, host slot -> node, host KV rows held, and the
+        # ids a load-back in progress protects from host eviction
         self.host_tier = config.host_tier
         policy = config.host_write_policy
         # resumable (ours) copies at device eviction, through the same hook as write_back
@@ -157,6 +157,10 @@ class RadixTree(HostTierTree):
         self.host_slot_owner: dict[int, TreeNode] = {}
         self.host_kv_tokens = 0
         self.host_pinned: set[int] = set()
+        # the host index: a lazy heap of host-only leaves, (last_access, -depth, id, node), and its ids
+        # (tree_host: checked when popped, so a match through host-only nodes writes nothing here)
+        self.host_leaves: list[tuple[int, int, int, TreeNode]] = []
+        self.host_leaf_ids: set[int] = set()
         # resumable: a lazy heap of host checkpoints that may no longer be resume points (tree_host)
         self.host_stale: list[tuple[int, int, int, TreeNode]] = []
         self.host_stale_ids: set[int] = set()

@@ -1,9 +1,19 @@
 """The radix tree's host tier (``config.host_tier``; ``docs/host-tier.md``): :class:`HostTierTree`, the part of
 :class:`~mamba_radix.tree.RadixTree` that records host copies, demotes device leaves, promotes host-only nodes
 back and evicts host-only leaves. A mixin over the tree's own state (the host registries ``host_only_nodes``,
-``host_slot_owner``, ``host_kv_tokens``, ``host_pinned``, ``host_stale`` are set up in ``RadixTree.__init__``);
-like the tree it decides and reports what to free (:class:`~mamba_radix.tree_results.Freed`), and the cache
-frees.
+``host_slot_owner``, ``host_kv_tokens``, ``host_pinned``, ``host_leaves``, ``host_stale`` are set up in
+``RadixTree.__init__``); like the tree it decides and reports what to free
+(:class:`~mamba_radix.tree_results.Freed`), and the cache frees.
+
+The host index (``host_leaves``, ids in ``host_leaf_ids``): a lazy heap of the host-only leaves under the
+key ``(last_access, -depth, id)``, so that host eviction takes each victim in O(log n) amortized instead of
+scanning the host-only nodes (:meth:`_scan_host_victim`, kept as the reference a property test checks it
+against). A node is pushed when it becomes a host-only leaf (a demotion without children, a host-only parent
+whose last child went) unless its id is listed already; nothing is done where a node stops being one (a
+load-back or an insert promotes it, it leaves the tree) or where its stamp moves (a match or an insert walks
+through it): each entry is checked when it reaches the front, as the device's ``LazyStampIndex`` does. Exact
+because ``depth`` and ``id`` never change and ``last_access`` only grows, so every listed key is at most its
+node's current one.
 
 The ``resumable`` write policy's tree side: which checkpoints are *resume points* (:meth:`is_resume_point`;
 the cache's backup copies those first), and host eviction that takes *stale* host checkpoints (a deeper
@@ -218,6 +228,8 @@ class HostTierTree:
             freed.num_states += 1
             leaf.mamba_slot = None
         self.host_only_nodes[leaf.id] = leaf
+        if not leaf.children:
+            self._note_host_leaf(leaf)
         self.index.update(leaf)  # out of both sets: a host-only node is no device candidate
         parent = leaf.parent
         assert parent is not None
@@ -265,26 +277,91 @@ class HostTierTree:
         stale host checkpoints (:meth:`_evict_stale`; the nodes stay). A host-only parent left without
         children and without a host checkpoint goes too; a device tombstone left a leaf goes with its device
         KV unless the config keeps KV-only leaves. Returns what to free (host and device); frees nothing.
-        O(victims * host-only nodes): a scan per victim (the first slice; no ordered host index yet)."""
+        O(victims * log n) amortized: each victim comes from the host index (:meth:`_next_host_victim`)."""
         check_count(num_tokens, "num_tokens")
         check_count(num_slots, "num_slots")
         freed = Freed()
         if self.resumable and num_slots:
             self._evict_stale(num_slots, freed)
-        pinned = self.host_pinned
+        held: list[tuple[int, int, int, TreeNode]] = []
         while freed.num_host_tokens < num_tokens or len(freed.host_slots) < num_slots:
-            victim = None
-            best: tuple[int, int, int] | None = None
-            for node in self.host_only_nodes.values():
-                if node.children or node.id in pinned:
-                    continue
-                key = (node.last_access, -node.depth, node.id)
-                if best is None or key < best:
-                    best, victim = key, node
+            victim = self._next_host_victim(held)
             if victim is None:
                 break
             self._remove_host_leaf(victim, freed)
+        # pinned leaves go back as they were; their ids too, in case a compaction ran while they were out
+        # (none of them can have been pushed again meanwhile: a pinned leaf stays a leaf)
+        for entry in held:
+            heapq.heappush(self.host_leaves, entry)
+            self.host_leaf_ids.add(entry[2])
         return freed
+
+    def _next_host_victim(self, held: list[tuple[int, int, int, TreeNode]]) -> TreeNode | None:
+        """Pop the host index's least recently used unpinned host-only leaf (the deeper of a tie first, then
+        the lower id: :meth:`_scan_host_victim`'s pick), or None when there is none. Side effects on the
+        index: entries whose node is no host-only leaf any more are dropped, entries whose stamp moved are
+        re-pushed under the current one, pinned leaves' entries are moved to ``held`` (the caller pushes
+        them back). O(entries popped * log n); each pop but the victim's follows a touch, a promotion, a
+        removal or a pin (a load-back's few nodes), so amortized O(log n) per victim."""
+        heap, ids, pinned = self.host_leaves, self.host_leaf_ids, self.host_pinned
+        while heap:
+            stamp, neg_depth, node_id, node = heap[0]
+            if not self._is_host_leaf(node):
+                heapq.heappop(heap)
+                ids.discard(node_id)
+            elif node.last_access != stamp:
+                heapq.heapreplace(heap, (node.last_access, neg_depth, node_id, node))
+            elif node_id in pinned:  # a load-back in progress reads it: back in the heap afterwards
+                held.append(heapq.heappop(heap))
+            else:
+                heapq.heappop(heap)
+                ids.discard(node_id)
+                return node
+        return None
+
+    def _scan_host_victim(self) -> TreeNode | None:
+        """The reference for :meth:`_next_host_victim`: the least recently used unpinned host-only leaf by a
+        scan of every host-only node (the deeper of a tie first, then the lower id), or None. No side
+        effects. O(host-only nodes)."""
+        victim = None
+        best: tuple[int, int, int] | None = None
+        pinned = self.host_pinned
+        for node in self.host_only_nodes.values():
+            if node.children or node.id in pinned:
+                continue
+            key = (node.last_access, -node.depth, node.id)
+            if best is None or key < best:
+                best, victim = key, node
+        return victim
+
+    def _is_host_leaf(self, node: TreeNode) -> bool:
+        """Whether ``node`` is a host-only leaf of this tree (what the host index lists). O(1)."""
+        return node.owner is self and node.value is None and not node.children
+
+    def _note_host_leaf(self, node: TreeNode) -> None:
+        """List ``node``, which just became a host-only leaf, in the host index under its current key; a
+        no-op if its id is listed already (that entry's key is at most the current one: it is re-keyed when
+        it reaches the front). Compacts first when the heap outgrew twice the host-only nodes (plus a
+        constant, so that small trees never compact). O(log n), amortized with the compaction."""
+        if node.id in self.host_leaf_ids:
+            return
+        if len(self.host_leaves) > 2 * len(self.host_only_nodes) + 64:
+            self._compact_host_leaves()
+        heapq.heappush(self.host_leaves, (node.last_access, -node.depth, node.id, node))
+        self.host_leaf_ids.add(node.id)
+
+    def _compact_host_leaves(self) -> None:
+        """Drop the host index's entries whose node is no host-only leaf any more and re-key the others
+        under their current stamps. O(heap): amortized O(1) per push, as a compaction at least halves
+        the heap."""
+        keep = [
+            (node.last_access, neg_depth, node_id, node)
+            for _, neg_depth, node_id, node in self.host_leaves
+            if self._is_host_leaf(node)
+        ]
+        heapq.heapify(keep)
+        self.host_leaves = keep
+        self.host_leaf_ids = {entry[2] for entry in keep}
 
     def _remove_host_leaf(self, node: TreeNode, freed: Freed) -> None:
         """Detach host-only leaf ``node`` and its host copies, then the cascade of :meth:`evict_host`."""
@@ -303,10 +380,15 @@ class HostTierTree:
             self.index.update(parent)
             if self.resumable and parent is not self.root:
                 self.note_shape_change(parent)  # a branch point may have lost its last branch but one
-            if parent is self.root or parent.children or parent.id in self.host_pinned:
+            if parent is self.root or parent.children:
+                return
+            if parent.id in self.host_pinned:
+                if parent.value is None:  # a load-back's target, say: listed for after the load-back
+                    self._note_host_leaf(parent)
                 return
             if parent.value is None:
                 if parent.host_slot is not None:
+                    self._note_host_leaf(parent)  # a host-only leaf now: host eviction may take it later
                     return
                 node = parent  # a host-only tombstone left a leaf: useless, it goes too
                 continue
