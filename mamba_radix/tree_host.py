@@ -27,7 +27,7 @@ tree for them.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -37,6 +37,48 @@ from mamba_radix.node import TreeNode
 from mamba_radix.tree_results import Freed
 
 __all__ = ["HostBackup", "HostTierTree"]
+
+
+# an entry of the tree's lazy host heaps (the host index, the resumable policy's stale heap): the node's
+# stamp when pushed, -depth, id, the node; smallest first is least recently used, the deeper of a tie first
+_Entry = tuple[int, int, int, TreeNode]
+
+
+def _pop_lru(
+    heap: list[_Entry],
+    ids: set[int],
+    pinned: set[int],
+    held: list[_Entry],
+    member: Callable[[TreeNode], bool],
+) -> TreeNode | None:
+    """Pop the least recently used node of a lazy heap that is still a ``member`` and not ``pinned``, or None
+    when none is left. Lazy: entries of nodes that are no members any more are dropped (with their ids),
+    entries whose stamp moved are re-pushed under the current one (stamps only grow, so the order stays
+    exact), pinned nodes' entries are moved to ``held`` (a load-back in progress reads them; the caller
+    hands them to :func:`_push_back`). O(entries popped * log n)."""
+    while heap:
+        stamp, neg_depth, node_id, node = heap[0]
+        if not member(node):
+            heapq.heappop(heap)
+            ids.discard(node_id)
+        elif node.last_access != stamp:
+            heapq.heapreplace(heap, (node.last_access, neg_depth, node_id, node))
+        elif node_id in pinned:
+            held.append(heapq.heappop(heap))
+        else:
+            heapq.heappop(heap)
+            ids.discard(node_id)
+            return node
+    return None
+
+
+def _push_back(heap: list[_Entry], ids: set[int], held: list[_Entry]) -> None:
+    """Put the entries :func:`_pop_lru` held back into their heap, ids too (a compaction may have run while
+    they were out; none can have been pushed again meanwhile: a pinned node keeps its class). O(held * log
+    n)."""
+    for entry in held:
+        heapq.heappush(heap, entry)
+        ids.add(entry[2])
 
 
 class HostBackup(Protocol):
@@ -137,23 +179,13 @@ class HostTierTree:
         deeper of a tie first), until ``freed`` holds ``num_slots`` host slots or none is left; the nodes
         stay. Entries whose node changed class are discarded, ones whose stamp moved are re-pushed (stamps
         only grow, so the heap's order stays LRU). O(entries popped * log n)."""
-        heap, ids, pinned = self.host_stale, self.host_stale_ids, self.host_pinned
-        held: list[tuple[int, int, int, TreeNode]] = []
-        while heap and len(freed.host_slots) < num_slots:
-            stamp, neg_depth, node_id, node = heap[0]
-            if not self._is_stale(node):
-                heapq.heappop(heap)
-                ids.discard(node_id)
-            elif node.last_access != stamp:
-                heapq.heapreplace(heap, (node.last_access, neg_depth, node_id, node))
-            elif node_id in pinned:  # a load-back in progress reads it: back in the heap afterwards
-                held.append(heapq.heappop(heap))
-            else:
-                heapq.heappop(heap)
-                ids.discard(node_id)
-                self._drop_host_slot(node, freed)
-        for entry in held:
-            heapq.heappush(heap, entry)
+        held: list[_Entry] = []
+        while len(freed.host_slots) < num_slots:
+            node = _pop_lru(self.host_stale, self.host_stale_ids, self.host_pinned, held, self._is_stale)
+            if node is None:
+                break
+            self._drop_host_slot(node, freed)
+        _push_back(self.host_stale, self.host_stale_ids, held)
 
     def _drop_host_copies(self, node: TreeNode, freed: Freed) -> None:
         """Hand ``node``'s host copies to ``freed`` (the node is leaving the tree). O(1)."""
@@ -283,41 +315,23 @@ class HostTierTree:
         freed = Freed()
         if self.resumable and num_slots:
             self._evict_stale(num_slots, freed)
-        held: list[tuple[int, int, int, TreeNode]] = []
+        held: list[_Entry] = []
         while freed.num_host_tokens < num_tokens or len(freed.host_slots) < num_slots:
             victim = self._next_host_victim(held)
             if victim is None:
                 break
             self._remove_host_leaf(victim, freed)
-        # pinned leaves go back as they were; their ids too, in case a compaction ran while they were out
-        # (none of them can have been pushed again meanwhile: a pinned leaf stays a leaf)
-        for entry in held:
-            heapq.heappush(self.host_leaves, entry)
-            self.host_leaf_ids.add(entry[2])
+        _push_back(self.host_leaves, self.host_leaf_ids, held)
         return freed
 
-    def _next_host_victim(self, held: list[tuple[int, int, int, TreeNode]]) -> TreeNode | None:
+    def _next_host_victim(self, held: list[_Entry]) -> TreeNode | None:
         """Pop the host index's least recently used unpinned host-only leaf (the deeper of a tie first, then
         the lower id: :meth:`_scan_host_victim`'s pick), or None when there is none. Side effects on the
         index: entries whose node is no host-only leaf any more are dropped, entries whose stamp moved are
         re-pushed under the current one, pinned leaves' entries are moved to ``held`` (the caller pushes
         them back). O(entries popped * log n); each pop but the victim's follows a touch, a promotion, a
         removal or a pin (a load-back's few nodes), so amortized O(log n) per victim."""
-        heap, ids, pinned = self.host_leaves, self.host_leaf_ids, self.host_pinned
-        while heap:
-            stamp, neg_depth, node_id, node = heap[0]
-            if not self._is_host_leaf(node):
-                heapq.heappop(heap)
-                ids.discard(node_id)
-            elif node.last_access != stamp:
-                heapq.heapreplace(heap, (node.last_access, neg_depth, node_id, node))
-            elif node_id in pinned:  # a load-back in progress reads it: back in the heap afterwards
-                held.append(heapq.heappop(heap))
-            else:
-                heapq.heappop(heap)
-                ids.discard(node_id)
-                return node
-        return None
+        return _pop_lru(self.host_leaves, self.host_leaf_ids, self.host_pinned, held, self._is_host_leaf)
 
     def _scan_host_victim(self) -> TreeNode | None:
         """The reference for :meth:`_next_host_victim`: the least recently used unpinned host-only leaf by a
