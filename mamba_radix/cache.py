@@ -109,7 +109,7 @@ class MambaRadixCache(HostTierCache):
         kv_storage: KVStorage | None = None,
     ) -> None:
         check_cache_pools(config, req_to_token_pool, token_to_kv_pool_allocator)
-        check_host_tier_options(config, policy, events)
+        check_host_tier_options(config, policy)
         self.config = config
         self.req_to_token_pool = req_to_token_pool
         self.mamba_pool = req_to_token_pool.mamba_pool

@@ -44,11 +44,9 @@ from mamba_radix.radix_key import RadixKey
 from mamba_radix.tree_results import Freed
 
 
-def check_host_tier_options(config: CacheConfig, policy: CachePolicy | None, events: bool) -> None:
-    """Refuse, before the cache builds anything, what the host tier does not support yet: an event log and
-    a research policy. Raises :class:`InvalidArgument`; no effect without the tier. O(1)."""
-    if config.host_tier and events:
-        raise InvalidArgument("events=True is not recorded with the host tier yet; pass events=False")
+def check_host_tier_options(config: CacheConfig, policy: CachePolicy | None) -> None:
+    """Refuse, before the cache builds anything, what the host tier does not support yet: a research
+    policy. Raises :class:`InvalidArgument`; no effect without the tier. O(1)."""
     if config.host_tier and policy is not None and type(policy) is not CachePolicy:
         raise InvalidArgument(
             f"the host tier runs the config's own eviction order only; got research policy "
@@ -137,6 +135,8 @@ class HostTierCache:
             stats.backups_skipped += 1
             return False
         self.tree.set_host_copy(node, host_kv=host_kv)
+        if self._events is not None:
+            self._events.backed_up_kv(node)
         stats.kv_backed_up += need
         return True
 
@@ -183,20 +183,26 @@ class HostTierCache:
             stats.backups_skipped += 1
             return False
         self.tree.set_host_copy(node, host_slot=int(host_slots[0]))
+        if self._events is not None:
+            self._events.backed_up_state(node)
         stats.states_backed_up += 1
         return True
 
     def release_host(self, freed: Freed) -> None:
         """Free host copies the tree dropped from live nodes (the tree's
-        :class:`~mamba_radix.tree_host.HostBackup` call: the per-path cap under ``host_path_cap="drop"``).
-        Trusted: each slot was the node's alone. O(slots)."""
-        self._release(freed)
+        :class:`~mamba_radix.tree_host.HostBackup` call: the per-path cap under ``host_path_cap="drop"``:
+        host slots only, the nodes stay). Freed here, not by ``_release``, so that the event log names
+        them ``capped``. Trusted: each slot was the node's alone. O(slots)."""
+        assert self.host_state_pool is not None and not (freed.kv or freed.slots or freed.host_kv)
+        if self._events is not None:
+            self._events.host_capped(freed.host_slots)
+        self.host_state_pool.free(freed.host_slots)
 
     def evict_host(self, num_tokens: int = 0, num_slots: int = 0) -> EvictResult:
         """Free at least ``num_tokens`` host KV rows and ``num_slots`` host state slots by removing host-only
         leaves, least recently used first (:meth:`RadixTree.evict_host`). Raises :class:`InvalidArgument`
         without the host tier or for counts that are not ints >= 0 (nothing changed). Returns the host
-        tokens and slots freed. O(victims * host-only nodes)."""
+        tokens and slots freed. O(victims * log n) amortized (the host index)."""
         if self.host_stats is None:
             raise InvalidArgument(
                 "evict_host needs the host tier; set host_kv_tokens and host_state_slots > 0"
@@ -287,6 +293,8 @@ class HostTierCache:
         )
         self.tree.promote(plan.nodes, values)
         self.tree.set_device_checkpoint(plan.target, plan.device_slot)
+        if self._events is not None:
+            self._events.loaded(plan.nodes, plan.target)
         if self._tree_kv is not None and plan.nodes:
             self._tree_kv.hold(plan.device_kv)
         anchor = plan.nodes[0].parent if plan.nodes else plan.target

@@ -693,7 +693,10 @@ class RadixTree(HostTierTree):
                 if node.children or node.full_lock_ref:  # a locked leaf: only a KV-only lock, its KV stays
                     if self.write_back and node.host_slot is None and self.host_backup is not None:
                         self.host_backup.backup_state(node)  # the checkpoint keeps a host copy
-                    drop(node, freed)
+                    if node.children or node.full_lock_ref:
+                        drop(node, freed)
+                    else:  # the backup's host eviction took its last (host-only) children: a leaf now
+                        remove(node, freed)
                 else:
                     remove(node, freed)
         return freed
