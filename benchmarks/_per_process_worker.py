@@ -18,6 +18,9 @@ inside pool methods; the replay's wall and CPU time; every request's hit; peak R
 ``--memory``, the host bytes the cache holds, found by a walk of the objects reachable from it (see
 :func:`deep_bytes`), with the tree's node count and cached tokens.
 
+``--profile-evict LINES`` (ours only) runs cProfile inside every evict call and prints its top lines on
+stdout: where an eviction's time goes, by function, within the real replay (issue 28's profile).
+
 Writes one JSON object to ``--out``. Exit status: 0 done, 1 the replay raised, 3 SGLang could not be
 loaded. Not run by hand (the parent passes every argument), though it can be::
 
@@ -27,9 +30,12 @@ loaded. Not run by hand (the parent passes every argument), though it can be::
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
 import json
 import os
+import pstats
 import resource
 import sys
 import time
@@ -188,7 +194,32 @@ def our_op_samples(times: bvs.CallTimes, op: str) -> tuple[list[int], list[int]]
 
 
 # ---------------------------------------------------------------------------------------------- systems
-def run_ours(traces: list[TraceRequest], version: str, kv_tokens: int, state_slots: int) -> dict[str, Any]:
+def profile_calls(obj: Any, name: str, profiler: cProfile.Profile) -> None:
+    """Run ``profiler`` during every call of ``obj.name`` only (enabled on entry, disabled on exit), so that
+    its statistics are those of that one operation inside the whole replay. The calls' timed samples then
+    include the profiler's overhead: not comparable with a run without it."""
+    inner = getattr(obj, name)
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        profiler.enable()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            profiler.disable()
+
+    setattr(obj, name, profiled)
+
+
+def profile_top(profiler: cProfile.Profile, lines: int) -> str:
+    """The profiler's top ``lines`` functions by own time (pstats, directories stripped)."""
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
+
+
+def run_ours(
+    traces: list[TraceRequest], version: str, kv_tokens: int, state_slots: int, profile_evict: int = 0
+) -> dict[str, Any]:
     from mamba_radix.sim.budget import exact_pools
     from mamba_radix.sim.engine import Engine, EngineOptions
 
@@ -208,11 +239,19 @@ def run_ours(traces: list[TraceRequest], version: str, kv_tokens: int, state_slo
     pools = [cache.token_to_kv_pool_allocator, cache.req_to_token_pool, cache.mamba_pool]
     for pool in pools:
         times.instrument(pool, OUR_POOL_METHODS, pool=True)
+    # the cache took its eviction's KV free from the allocator when it was built: point it at the timed one,
+    # so that evict's pool column counts it
+    cache._free_kv_chunks = cache.token_to_kv_pool_allocator.free_chunks
+    profiler = cProfile.Profile() if profile_evict else None
+    if profiler is not None:
+        profile_calls(cache, "evict", profiler)
     t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     metrics = engine.run(iter(traces), total=len(traces))
     wall_ns, cpu_ns = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
     peak = peak_rss_kib()
     hit_of = {row["index"]: row["hit"] for row in metrics.per_request}
+    if profiler is not None:
+        print(profile_top(profiler, profile_evict))
     return {
         "ops": {op: our_op_samples(times, op) for op in OPS},
         "wall_ns": wall_ns,
@@ -289,6 +328,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--state-slots", type=int, default=bvs.STATE_SLOTS)
     p.add_argument("--sg-pools", choices=("light", "checked"), default="light")
     p.add_argument("--memory", action="store_true", help="walk the cache's objects for its host bytes")
+    p.add_argument(
+        "--profile-evict",
+        type=int,
+        default=0,
+        metavar="LINES",
+        help="ours only: cProfile every evict call and print the top LINES functions by own time on stdout "
+        "(the timings then include the profiler: not for comparison)",
+    )
     p.add_argument("--out", required=True, help="JSON result file")
     return p.parse_args(argv)
 
@@ -303,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REPLAY_FAILED
     try:
         if args.system == "ours":
-            res = run_ours(traces, args.version, args.kv_tokens, args.state_slots)
+            res = run_ours(traces, args.version, args.kv_tokens, args.state_slots, args.profile_evict)
         else:
             res = run_sglang(traces, args.version, args.kv_tokens, args.state_slots, args.sg_pools)
     except SGLangError as err:  # the wheel cannot be fetched or imported

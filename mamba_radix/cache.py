@@ -70,9 +70,9 @@ from mamba_radix.tree import Freed, RadixKey, RadixTree, TreeInsert, Walk
 __all__ = ["CacheStats", "EvictResult", "InsertResult", "MambaRadixCache", "MatchResult", "PrefixPeek"]
 
 
-def _free_concatenated(allocator: Any, chunks: list[torch.Tensor]) -> None:
-    """Free ``chunks`` of KV indices through ``allocator.free`` as one tensor, unchecked (an allocator
-    without ``free_chunks``). O(indices)."""
+def _free_concatenated(allocator: Any, chunks: list[torch.Tensor], num_ids: int) -> None:
+    """Free ``chunks`` of KV indices (``num_ids`` in all, unused here) through ``allocator.free`` as one
+    tensor, unchecked (an allocator without ``free_chunks``). O(indices)."""
     allocator.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
 
 
@@ -115,8 +115,9 @@ class MambaRadixCache(HostTierCache):
         self.mamba_pool = req_to_token_pool.mamba_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         # an eviction's trusted KV free, chosen once: an allocator of ours takes the victims' chunks as they
-        # are (no concatenation, no copy); another allocator gets them concatenated
-        self._free_kv_chunks: Callable[[list[torch.Tensor]], None] = getattr(
+        # are with their count (no concatenation, no copy; on the CPU not even read until the free list
+        # needs them); another allocator gets them concatenated
+        self._free_kv_chunks: Callable[[list[torch.Tensor], int], None] = getattr(
             token_to_kv_pool_allocator, "free_chunks", None
         ) or functools.partial(_free_concatenated, token_to_kv_pool_allocator)
         self.device = token_to_kv_pool_allocator.device
@@ -637,7 +638,7 @@ class MambaRadixCache(HostTierCache):
             if self._tree_kv is not None:
                 for kv in freed.kv:
                     self._tree_kv.release(kv)
-            self._free_kv_chunks(freed.kv)
+            self._free_kv_chunks(freed.kv, freed.num_tokens)  # the tree counts them: nothing is read
         if freed.slots:
             self._checkpoint_slots().free(freed.slots, check=False)
         if freed.host_kv:  # the host tier: host copies of nodes that left the tree

@@ -105,8 +105,9 @@ class CandidateKeys(Protocol):
 class VictimPolicy(CandidateKeys, Protocol):
     """What a :class:`~mamba_radix.tree.RadixTree` takes from a research policy at construction
     (:class:`mamba_radix.policy.CachePolicy` is the reference implementation): candidate keys, the victim
-    pickers, whether it keys by the config's order alone (the index may then stamp lazily), and whether it
-    needs prefix fingerprints. The tree calls :meth:`bind` once, with itself."""
+    pickers, whether it keys and picks by the config's order alone (the index may then stamp lazily, and
+    the tree take each checkpoint victim from the index directly: :meth:`OrderIndex.take_mamba`), and
+    whether it needs prefix fingerprints. The tree calls :meth:`bind` once, with itself."""
 
     needs_prefix_fingerprints: bool
 
@@ -315,6 +316,21 @@ class OrderIndex(EvictionIndex):
             if node.full_evict_key is None:
                 del self._nodes[node.id]
 
+    def take_mamba(self) -> TreeNode | None:
+        """The next checkpoint victim (:meth:`first_mamba`) with its checkpoint entry already taken out,
+        or None: the state eviction's one index call per victim. The caller must then drop the node's
+        checkpoint or remove the node (:meth:`checkpoint_dropped` and :meth:`remove` find no checkpoint
+        entry left to take). The same victims in the same order as :meth:`first_mamba` followed by
+        :meth:`checkpoint_dropped` or :meth:`remove`; the entry, the set's front, is popped at once.
+        O(log n) amortised."""
+        node = self.first_mamba()
+        if node is not None:
+            self._mamba.remove(node.mamba_evict_key)  # type: ignore[arg-type]
+            node.mamba_evict_key = None
+            if node.full_evict_key is None:
+                del self._nodes[node.id]
+        return node
+
     def touch(self, nodes: Iterable[TreeNode], now: int) -> None:
         full = self._full
         for node in nodes:
@@ -397,6 +413,26 @@ class LazyStampIndex(OrderIndex):
             node.mamba_evict_key = current
             key = self._mamba.first()
             node = self._nodes[key[-1]]  # type: ignore[index]
+        return node
+
+    def take_mamba(self) -> TreeNode | None:
+        """As :meth:`OrderIndex.take_mamba`, with :meth:`first_mamba`'s loop inline (one call per victim
+        instead of two: this runs once per victim, cold)."""
+        mamba = self._mamba
+        key = mamba.first()
+        if key is None:
+            return None
+        nodes, key_of = self._nodes, self._mamba_key
+        node = nodes[key[-1]]
+        while (current := key_of(node)) != key:  # touched since it was listed: move it back
+            mamba.replace_first(current)
+            node.mamba_evict_key = current
+            key = mamba.first()  # never None: the node itself is listed again
+            node = nodes[key[-1]]  # type: ignore[index]
+        mamba.remove(key)  # the front entry: popped at once
+        node.mamba_evict_key = None
+        if node.full_evict_key is None:
+            del nodes[node.id]
         return node
 
     def full_keys(self) -> list[Key]:

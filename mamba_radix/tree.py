@@ -40,7 +40,7 @@ import torch
 
 from mamba_radix.candidates import COMPACT_MIN_DEAD
 from mamba_radix.errors import InvalidArgument, check_count
-from mamba_radix.eviction import CheckpointOrder, VictimPolicy, make_index
+from mamba_radix.eviction import CheckpointOrder, OrderIndex, VictimPolicy, make_index
 from mamba_radix.node import ROOT_ID, TreeNode, child_key
 from mamba_radix.radix_key import RadixKey
 from mamba_radix.state_stamp import fingerprint_extend
@@ -130,8 +130,18 @@ class RadixTree(HostTierTree):
         self._next_full_victim = (
             index.first_full if policy is None else functools.partial(policy.pick_full_victim, index)
         )
+        # the state eviction's victims, chosen once: over the order's own keys and picks (no research
+        # policy, or the base one) without the host tier, the index hands each victim with its checkpoint
+        # entry already out (take_mamba: one call per victim, the entry popped at once); otherwise the
+        # picker, and the drop or removal takes the entry out
         self._next_mamba_victim = (
-            index.first_mamba if policy is None else functools.partial(policy.pick_mamba_victim, index)
+            index.take_mamba
+            if isinstance(index, OrderIndex)
+            and (policy is None or policy.uses_config_keys())
+            and not config.host_tier
+            else index.first_mamba
+            if policy is None
+            else functools.partial(policy.pick_mamba_victim, index)
         )
         self.full_evictable_size = 0
         self.full_protected_size = 0
@@ -618,12 +628,17 @@ class RadixTree(HostTierTree):
             assert not node.children and node.full_lock_ref == 0 and node.mamba_lock_ref == 0
             parent = node.parent
             assert parent is not None
-            del parent.children[child_key(node.key, 0, page_size, node.extra_key)]
-            index.remove(node)
+            key, extra_key = node.key, node.extra_key
+            # the edge's child key (mamba_radix.node.child_key), its common form inline: the first token
+            del parent.children[
+                key[0] if page_size == 1 and extra_key is None else child_key(key, 0, page_size, extra_key)
+            ]
+            if node.full_evict_key is not None or node.mamba_evict_key is not None:
+                index.remove(node)  # a cascading tombstone is listed nowhere: the index holds nothing of it
             node.parent = None
             node.owner = None  # detached: is_attached() is False from now on
             self.num_nodes -= 1
-            num_tokens = len(node.key)
+            num_tokens = len(key)
             self.full_evictable_size -= num_tokens
             kv.append(node.value)
             freed.num_tokens += num_tokens

@@ -8,7 +8,6 @@ reference the caller may write through (a match's chunks are the tree's, read-on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import torch
@@ -101,15 +100,40 @@ class TreeInsert(NamedTuple):
     revived_kv: torch.Tensor | None = None
 
 
-@dataclass
 class Freed:
     """Memory an eviction released from the tree; the cache returns it to the pools. The host fields are
-    the host tier's (host KV indices, host state slots), empty while it is off."""
+    the host tier's (host KV indices, host state slots), empty while it is off.
 
-    kv: list[torch.Tensor] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    num_tokens: int = 0
-    num_states: int = 0
-    host_kv: list[torch.Tensor] = field(default_factory=list)
-    host_slots: list[int] = field(default_factory=list)
-    num_host_tokens: int = 0
+    ``kv``: the removed nodes' KV index tensors, one per node, handed over (never written again);
+    ``num_tokens``: their total length (the cache passes it to the allocator, which then need not read
+    the tensors); ``slots`` / ``num_states``: the released checkpoint slots and their count.
+
+    A plain record with ``__slots__`` and a hand-written constructor, not a dataclass: an eviction builds
+    one per call, and a dataclass's field factories cost a few calls more with cold caches."""
+
+    __slots__ = ("host_kv", "host_slots", "kv", "num_host_tokens", "num_states", "num_tokens", "slots")
+
+    def __init__(
+        self,
+        kv: list[torch.Tensor] | None = None,
+        slots: list[int] | None = None,
+        num_tokens: int = 0,
+        num_states: int = 0,
+        host_kv: list[torch.Tensor] | None = None,
+        host_slots: list[int] | None = None,
+        num_host_tokens: int = 0,
+    ) -> None:
+        self.kv: list[torch.Tensor] = [] if kv is None else kv
+        self.slots: list[int] = [] if slots is None else slots
+        self.num_tokens = num_tokens
+        self.num_states = num_states
+        self.host_kv: list[torch.Tensor] = [] if host_kv is None else host_kv
+        self.host_slots: list[int] = [] if host_slots is None else host_slots
+        self.num_host_tokens = num_host_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Freed(kv={len(self.kv)} tensors, slots={self.slots}, num_tokens={self.num_tokens}, "
+            f"num_states={self.num_states}, host_kv={len(self.host_kv)} tensors, "
+            f"host_slots={self.host_slots}, num_host_tokens={self.num_host_tokens})"
+        )

@@ -120,8 +120,9 @@ class CheckpointPool:
     def free(self, slots: IndexLike, check: bool = True) -> None:
         """Return checkpoint slots. Raises :class:`InvalidIndex` and frees nothing for slot 0, out-of-range,
         unallocated (a double free) or repeated slots. ``check=False``: trusted callers freeing exactly
-        what they allocated (the cache freeing what the tree released). O(k)."""
-        if type(slots) is list and all(type(s) is int for s in slots):
+        what they allocated (the cache freeing what the tree released); a trusted list is taken as Python
+        ints unlooked-at. O(k)."""
+        if type(slots) is list and (not check or all(type(s) is int for s in slots)):
             self._free_list.free_ints(slots, check)
             return
         self._free_list.free(as_index_tensor(slots, self.device, "checkpoint slot"), check)

@@ -104,6 +104,24 @@ class FifoFreeList(HostFreeList):
             return
         self.free(ids, check=True)
 
+    def free_ints(self, ids: list[int], check: bool = True) -> None:
+        """As :meth:`HostFreeList.free_ints`. A trusted free (``check=False``: the cache returning the
+        checkpoints an eviction released) clears the bits and queues the ids here directly, one frame
+        instead of three (cold, each costs about a us). O(k)."""
+        if check:
+            super().free_ints(ids, check)
+            return
+        bits = self._bits
+        for i in ids:
+            bits[i] = False
+        self._queue.extend(ids)
+
+    def free_chunks(self, chunks: list[torch.Tensor], num_ids: int | None = None) -> None:
+        """As :meth:`HostFreeList.free_chunks` without a count: the ids' bits are cleared and the ids join
+        the queue's back at once, in chunk order (this list parks nothing, so nothing may wait unsettled;
+        ``num_ids`` is not needed). O(ids)."""
+        super().free_chunks(chunks)
+
     def _park(self, chunk: object, count: int, marked: bool = False) -> None:
         # every free ends here, its checks done and its bits cleared: the ids join the queue's back
         self._queue.extend(chunk if type(chunk) is list else chunk.tolist())  # type: ignore[attr-defined]

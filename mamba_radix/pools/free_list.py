@@ -197,13 +197,20 @@ class FreeList:
         self.allocated[ids] = False
         self._park(ids.clone(), ids.numel())  # own a copy: never keep or alias a view of the caller's
 
-    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
+    def free_chunks(self, chunks: list[torch.Tensor], num_ids: int | None = None) -> None:
         """Trusted free of several 1-D int64 id tensors at once (an eviction's victims, one per node): the
         same result as ``free(torch.cat(chunks), check=False)`` (the same bits, the same ids waiting in
         the same order), which is what this reference does. No misuse check (see :meth:`free`): the
         chunks must hold allocated ids, each once. A variant may keep the chunks themselves instead of a
         copy (:class:`~.host_free_list.HostFreeList`), so the caller must never write them afterwards.
-        O(ids)."""
+        ``num_ids``: the chunks' total length when the caller knows it (a variant then need not read the
+        chunks to count them); this reference checks it and raises
+        :class:`~mamba_radix.errors.InvariantError`, nothing freed, if it is wrong. O(ids)."""
+        if num_ids is not None and num_ids != sum(chunk.numel() for chunk in chunks):
+            raise InvariantError(
+                f"free_chunks was told {num_ids} {self.what}s but its chunks hold "
+                f"{sum(chunk.numel() for chunk in chunks)} (a caller's count is wrong)"
+            )
         if chunks:
             self.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
 

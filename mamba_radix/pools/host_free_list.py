@@ -14,6 +14,16 @@ at the price of 1 byte of pending marks per id. Nothing else differs: the same i
 the same errors as :class:`~.free_list.FreeList` (``property_tests/test_pools_free_list.py`` and
 ``test_pools_lazy_scan.py`` replay both).
 
+An eviction's free (:meth:`HostFreeList.free_chunks` given the count) touches neither the ids nor the
+tensors: it parks the victims' tensors as one batch, counts them free at once, and their bits and pending
+marks are written (and the tensors viewed as numpy arrays) the first time anything reads the bitmap or the
+released chunks: a merge, a check, an inspection (:meth:`HostFreeList._settle`). Why: an eviction of
+a long conversation's leaves frees 50-120k ids, and writing their bits means reading every id, cold (~1 ns
+each: most of such a call); and each torch call on a victim's tensor (``numpy()``, ``numel()``) costs
+several us with cold CPU caches, where an eviction runs. The merge that later takes those ids reads them
+anyway. Until then the ids read as allocated and not pending (what a lazy scan needs to skip them), and
+every reader sees the bitmap and the chunks as if the free had written them.
+
 Memory grows with use, not with capacity: a fresh (or cleared) list is the range ``1..num_ids`` listed
 lazily, ``LIST_CHUNK`` ids at a time as allocations reach them (ids from ``_fresh`` on, never listed
 before, are an ``arange``, not a bitmap scan), and the per-id arrays (bitmap, pending marks, scratch) are
@@ -85,6 +95,10 @@ class HostFreeList(FreeList):
 
     # A lazy scan lists at least this many ids at a time (the scan's per-call cost is then negligible).
     LIST_CHUNK = 1 << 16
+    # Batches free_chunks parked (a tuple of tensors each, in _released or an open _group) whose bits and
+    # pending marks are not written yet (see the module docstring); a class default so that the first
+    # clear, run before __init__ has set anything, reads it.
+    _unsettled: list[tuple[torch.Tensor, ...]] | tuple[()] = ()
     # The lowest id never listed: ids from here up are free, not pending, and their bitmap bytes were
     # never written (a class default: the first clear runs before __init__ has set anything).
     _fresh = 1
@@ -93,11 +107,86 @@ class HostFreeList(FreeList):
         """Every id free, listed lazily from 1 (nothing materialised); only the bitmap and pending bytes
         below ``_fresh`` (ids ever listed) are cleared, the rest were never written. O(ids ever listed)."""
         fresh = self._fresh
-        self.allocated[:fresh].zero_()
+        self._unsettled = []  # their ids are below _fresh: zeroed with the rest just below
+        self._allocated[:fresh].zero_()
         if self._pending is not None:
             self._pending[:fresh] = False
         self._set_buffer(np.empty(0, dtype=np.int64))
         self._unlisted, self._scan_pos, self._fresh = self.num_ids, 1, 1
+
+    @property
+    def allocated(self) -> torch.Tensor:
+        """The allocation bitmap (as :class:`FreeList`'s), with every parked eviction's bits written
+        first (:meth:`_settle`): a reader never sees them unwritten. O(1) when none is waiting."""
+        if self._unsettled:
+            self._settle()
+        return self._allocated
+
+    @allocated.setter
+    def allocated(self, bitmap: torch.Tensor) -> None:
+        self._allocated = bitmap
+
+    def _settle(self) -> None:
+        """Settle the batches :meth:`free_chunks` parked: each batch (a tuple of tensors in ``_released`` or
+        an open ``_group``) is replaced there by its chunks' numpy views, in order, and their ids' bits are
+        cleared and pending marks set, by the compiled ``release_ids`` (runs of consecutive ids as memsets,
+        ~0.5-1 ns per id, bounded by reading the ids) when it was built, else by two numpy scatters per
+        chunk (the reference). Called by every method that reads the bitmap, the pending marks or the
+        released chunks (callers test ``self._unsettled`` first). Raises
+        :class:`~mamba_radix.errors.InvariantError` if a batch is no longer where it was parked (a
+        bookkeeping bug); an id out of range makes the compiled pass decline with nothing written and the
+        reference raise IndexError (a broken trusted free). O(ids parked + chunks released)."""
+        batches, self._unsettled = self._unsettled, []
+        arrays: list[np.ndarray] = []
+        found = 0
+        for box in (self._released, self._group):
+            if not box:
+                continue
+            settled: list = []
+            for entry in box:
+                if type(entry) is tuple:
+                    found += 1
+                    for chunk in entry:
+                        a = chunk.numpy()
+                        if len(a):
+                            settled.append(a)
+                            arrays.append(a)
+                else:
+                    settled.append(entry)
+            box[:] = settled  # in place: an alloc's saved lists (undo_alloc) may share the list object
+        if found != len(batches):
+            raise InvariantError(
+                f"{self.what} free list: {len(batches)} parked eviction batches, {found} found among the "
+                "released chunks (a bookkeeping bug)"
+            )
+        if arrays:
+            self._release_now(arrays)
+
+    def merge(self) -> None:
+        """As :meth:`FreeList.merge`, after writing any parked eviction's bits (the merge reads them)."""
+        if self._unsettled:
+            self._settle()
+        super().merge()
+
+    def free_group_end(self) -> None:
+        """As :meth:`FreeList.free_group_end`, after settling any parked eviction (the group's chunks are
+        concatenated)."""
+        if self._unsettled:
+            self._settle()
+        super().free_group_end()
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """As :attr:`FreeList.release_pages`, after settling any parked eviction."""
+        if self._unsettled:
+            self._settle()
+        return super().release_pages
+
+    def listed_free_ids(self) -> torch.Tensor:
+        """As :meth:`FreeList.listed_free_ids`, after settling any parked eviction."""
+        if self._unsettled:
+            self._settle()
+        return super().listed_free_ids()
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -215,6 +304,8 @@ class HostFreeList(FreeList):
 
     def is_id_allocated(self, i: int) -> bool:
         """As :meth:`FreeList.is_id_allocated`, one read of the host bitmap (~0.1 us)."""
+        if self._unsettled:
+            self._settle()
         return 0 < i <= self.num_ids and bool(self._bits[i])
 
     # A free of up to this many ids is checked and applied in plain Python on ``ids.tolist()``: a few
@@ -240,25 +331,49 @@ class HostFreeList(FreeList):
         self._alloc_np[a] = False
         self._park(a.copy(), k)  # copy: own the storage, never alias the caller's tensor
 
-    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
-        """As :meth:`FreeList.free_chunks`, without the concatenation and without a copy: each chunk's
-        numpy view is parked as it is (the caller hands the tensors over and never writes them again: an
-        eviction's detached node values). The bits and pending marks are written by the compiled
-        ``release_ids`` (runs of consecutive ids as memsets: ~0.5-0.7 ns per id in cache, bounded by
-        reading the ids) when it was built, else by two numpy scatters per chunk (the reference, ~1.3 ns
-        per id each). An id out of range makes the compiled pass decline with nothing written; the
-        reference then raises IndexError. O(ids)."""
-        arrays = [c.numpy() for c in chunks if c.numel()]
-        if not arrays:
+    def free_chunks(self, chunks: list[torch.Tensor], num_ids: int | None = None) -> None:
+        """As :meth:`FreeList.free_chunks`, without the concatenation and without a copy (the caller hands
+        the tensors over and never writes them again: an eviction's detached node values).
+
+        ``num_ids`` given (the chunks' total length, which the caller knows: the tree counts an
+        eviction's tokens): nothing of the chunks is read here. They are parked as one batch, counted
+        free at once, and settled (viewed as numpy arrays, their bits and pending marks written) by the
+        next reader of the bitmap or the released chunks (:meth:`_settle`; see the module
+        docstring). O(chunks), no torch call (each costs a few us with cold caches). A wrong count
+        breaks the free count silently (:meth:`audit` catches it).
+
+        ``num_ids`` None: each chunk's numpy view is parked as it is and its bits and pending marks are
+        written now, by the compiled ``release_ids`` (runs of consecutive ids as memsets) when it was
+        built, else by two numpy scatters per chunk (the reference). An id out of range makes the
+        compiled pass decline with nothing written; the reference then raises IndexError. O(ids)."""
+        if num_ids is None:
+            arrays = [c.numpy() for c in chunks if c.numel()]
+            if arrays:
+                self._release_now(arrays)
+                for a in arrays:
+                    self._park(a, len(a), marked=True)
             return
+        if not num_ids:
+            return
+        batch = tuple(chunks)
+        self._unsettled.append(batch)  # type: ignore[union-attr]
+        self._pre_merge = None  # a free since the last alloc: undo_alloc falls back to a plain free
+        if self._group is not None:
+            self._group.append(batch)
+            self._num_in_group += num_ids
+        else:
+            self._released.append(batch)
+            self._num_released += num_ids
+
+    def _release_now(self, arrays: list[np.ndarray]) -> None:
+        """Clear the bits and set the pending marks of every id of ``arrays``: the compiled
+        ``release_ids`` when it was built and accepts them, else numpy scatters. O(ids)."""
         pending, release = self._pending, self._release_ids
         if release is None or not release(self._alloc_np, pending, arrays):
             for a in arrays:
                 self._alloc_np[a] = False
                 if pending is not None:
                     pending[a] = True
-        for a in arrays:
-            self._park(a, len(a), marked=True)
 
     def has_repeats(self, ids: torch.Tensor) -> bool:
         """As :meth:`FreeList.has_repeats`, in numpy (~10x cheaper than ``torch.unique``'s sort)."""
@@ -295,7 +410,7 @@ class HostFreeList(FreeList):
             self._py_release(list(dict.fromkeys(reversed(divided)))[::-1] if k > 1 else divided)
             return
         divided = ids.numpy() // divisor  # a new array, owned
-        if check and not self._alloc_np.take(divided, mode="clip").all():
+        if check and not self._all_allocated_np(divided):
             self._raise_bad_free(torch.from_numpy(divided))
         # In range now (checked, or trusted), so plain fancy indexing, ~2x cheaper than put(mode="clip").
         scratch, ranks = self._scratch_np, np.arange(k, dtype=np.int32)
@@ -323,6 +438,8 @@ class HostFreeList(FreeList):
             self._num_released += count
 
     def _py_all_allocated(self, vals: list[int]) -> bool:
+        if self._unsettled:
+            self._settle()
         bits, high = self._bits, self.num_ids
         return all(0 < v <= high and bits[v] for v in vals)
 
@@ -332,13 +449,20 @@ class HostFreeList(FreeList):
             bits[v] = False
         self._park(vals, len(vals))  # a fresh list: owned, no copy needed; np.concatenate takes lists
 
-    def _all_allocated(self, ids: torch.Tensor) -> bool:
+    def _all_allocated_np(self, a: np.ndarray) -> bool:
         # take(mode="clip") clamps into 0..num_ids + 1, whose ends are never set: range + bitmap in one.
-        return bool(self._alloc_np.take(ids.numpy(), mode="clip").all())
+        if self._unsettled:
+            self._settle()
+        return bool(self._alloc_np.take(a, mode="clip").all())
+
+    def _all_allocated(self, ids: torch.Tensor) -> bool:
+        return self._all_allocated_np(ids.numpy())
 
     def _np_all_allocated_once(self, a: np.ndarray) -> bool:
         """In range, allocated and no repeats, as the torch backend's fused mask; here two passes, as
         the range check lets the repeat check use plain fancy indexing (~2x cheaper than clipping)."""
+        if self._unsettled:
+            self._settle()
         if not self._alloc_np.take(a, mode="clip").all():
             return False
         scratch, ranks = self._scratch_np, np.arange(len(a), dtype=np.int32)

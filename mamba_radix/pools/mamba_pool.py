@@ -246,8 +246,10 @@ class MambaPool:
         """Return slots. Raises :class:`~mamba_radix.errors.InvalidIndex` and frees nothing for slot 0,
         out-of-range, unallocated or repeated slots (one fused check, one host sync on a GPU). O(k).
         ``check=False``: trusted callers freeing exactly what ``alloc`` returned skip the check; a bad
-        slot then corrupts the pool silently."""
-        if type(slots) is list and all(type(s) is int for s in slots):  # no tensor round trip
+        slot then corrupts the pool silently: a trusted list is taken as Python ints unlooked-at (the
+        tree's released checkpoints, one call per eviction)."""
+        # no tensor round trip for a list of ints; a trusted one is not scanned for their type
+        if type(slots) is list and (not check or all(type(s) is int for s in slots)):
             self._free_list.free_ints(slots, check)
             return
         self._free_list.free(as_index_tensor(slots, self.device, "state slot"), check)

@@ -257,10 +257,10 @@ class PagedTokenToKVPoolAllocator(FreeListBatching):
             self._check_token_range(idx)  # raises the more precise token-level error if there is one
             raise
 
-    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
+    def free_chunks(self, chunks: list[torch.Tensor], num_ids: int | None = None) -> None:
         """Trusted free of several index tensors at once (an eviction's victims' KV): exactly
         ``free(torch.cat(chunks), check=False)`` (a page is freed once however many chunks hold its
-        indices). O(indices)."""
+        indices; ``num_ids``, the indices' count, is not needed here). O(indices)."""
         if chunks:
             self.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
 

@@ -70,11 +70,14 @@ class TokenToKVPoolAllocator(FreeListBatching):
         """
         self._free_list.free(as_index_tensor(indices, self.device, "KV index"), check)
 
-    def free_chunks(self, chunks: list[torch.Tensor]) -> None:
+    def free_chunks(self, chunks: list[torch.Tensor], num_ids: int | None = None) -> None:
         """Trusted free of several 1-D int64 index tensors at once (an eviction's victims' KV, one tensor
         per node): as ``free(torch.cat(chunks), check=False)``, without the concatenation, and on the CPU
-        without a copy (the pool keeps the tensors: never write them afterwards). O(indices)."""
-        self._free_list.free_chunks(chunks)
+        without a copy (the pool keeps the tensors: never write them afterwards). ``num_ids``: their total
+        length, when the caller knows it (on the CPU nothing of the chunks is then read until the free
+        list next needs them: :meth:`.host_free_list.HostFreeList.free_chunks`). O(indices), O(chunks) on
+        the CPU with ``num_ids``."""
+        self._free_list.free_chunks(chunks, num_ids)
 
     def undo_alloc(self, indices: torch.Tensor) -> None:
         """Give back what the most recent :meth:`alloc` returned as if it had not run (the next ``alloc``
