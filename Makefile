@@ -17,7 +17,7 @@ setup:
 #
 # Then the tier dimension (the bundled definition `host_tier`, issue 25): SGLang's write policies with the host
 # pools at 0, 4x and 10x the device pools, SGLang's HiCache against our placement and split at equal bytes, and
-# the tier-aware oracle; 134 runs, about 3.5 minutes on 2 cores, into experiments/results/host_tier-<UTC time>/,
+# the tier-aware oracle; 134 runs, 86 s on 2 quiet cores (212 s on busy ones), into experiments/results/host_tier-<UTC time>/,
 # its report compared with experiments/reference/host_tier/.
 experiment: setup
 	$(PY) -m mamba_radix.cli experiment --results-dir experiments/results --jobs 2

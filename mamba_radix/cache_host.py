@@ -45,12 +45,17 @@ from mamba_radix.tree_results import Freed
 
 
 def check_host_tier_options(config: CacheConfig, policy: CachePolicy | None) -> None:
-    """Refuse, before the cache builds anything, what the host tier does not support yet: a research
-    policy. Raises :class:`InvalidArgument`; no effect without the tier. O(1)."""
-    if config.host_tier and policy is not None and type(policy) is not CachePolicy:
+    """Refuse, before the cache builds anything, a research policy that cannot run with the host tier
+    (``policy.host_tier_problem``: the offline oracle, whose future uses come from a replay without the
+    tier). Any other policy chooses the device victims and admission as without the tier; demotion and
+    host eviction stay the tier's. Raises :class:`InvalidArgument`; no effect without the tier. O(1)."""
+    if not config.host_tier or policy is None:
+        return
+    problem = getattr(type(policy), "host_tier_problem", None)  # not a CachePolicy: the cache refuses it next
+    if problem is not None:
         raise InvalidArgument(
-            f"the host tier runs the config's own eviction order only; got research policy "
-            f"{type(policy).__name__}: pass policy=None or set host_kv_tokens=host_state_slots=0"
+            f"research policy {type(policy).__name__} cannot run with the host tier: {problem}; "
+            "pass another policy or set host_kv_tokens=host_state_slots=0"
         )
 
 

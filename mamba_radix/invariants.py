@@ -215,7 +215,10 @@ def _check_host_index(tree: RadixTree) -> None:
 
 
 def check_tree_invariants(tree: RadixTree) -> None:
-    """The pool-free invariants (structure, 1, 2, 4, 5). O(n)."""
+    """The pool-free invariants (structure, 1, 2, 4, 5). A research policy first settles the re-keys it
+    deferred (:meth:`CachePolicy.settle_keys`: keys change to their current values, nothing else). O(n)."""
+    if tree.policy is not None:
+        tree.policy.settle_keys()
     ids: set[int] = set()
     sizes = [0, 0, 0, 0]  # full evictable, full protected, mamba evictable, mamba protected
     full_keys: list[tuple[int, ...]] = []

@@ -22,6 +22,16 @@ the base class is the config's behaviour, so a subclass overrides only what it c
 - ``needs_prefix_fingerprints``: the tree then keeps ``node.prefix_fp``, the
   :func:`~mamba_radix.state_stamp.fingerprint` of the whole prefix ending at the node (O(edge) per new
   node), so a policy can look a node up in a pre-pass over a trace.
+- ``host_tier_problem``: why the policy cannot run with the host tier on (one line, the cache's refusal),
+  or None.
+
+With the host tier on (``config.host_tier``; ``docs/host-tier.md``) a policy chooses the device victims and
+the checkpoint admission exactly as without it; what a victim then becomes (demoted to host-only, backed up,
+removed) is the tier's rule, and host eviction keeps its own order. Host-only nodes are no candidates (the
+index lists device nodes only), so the pickers never see them; a policy that walks the tree itself counts
+device children only (:func:`device_children`, :func:`num_device_children`): a demoted node is gone from the device, as it would be
+from a tree without the tier. A demoted checkpoint loaded back later is a new checkpoint to the policy (a new
+slot on the node, as after an insert).
 
 A policy object serves one cache (:meth:`bind` is called once, by the tree).
 """
@@ -39,7 +49,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.request import Req
     from mamba_radix.tree import RadixTree
 
-__all__ = ["CachePolicy"]
+__all__ = ["CachePolicy", "device_children", "num_device_children"]
+
+
+def num_device_children(node: TreeNode) -> int:
+    """How many of ``node``'s children are device-resident (all of them without the host tier). O(1)."""
+    return len(node.children) - node.host_children
+
+
+def device_children(node: TreeNode) -> list[TreeNode]:
+    """``node``'s device-resident children: without the host tier all of them; with it, host-only children
+    (demoted, ``value is None``) are left out, so that a policy walking the tree sees the device's shape, as
+    a tree without the tier would have it. O(children)."""
+    if not node.host_children:
+        return list(node.children.values())
+    return [child for child in node.children.values() if child.value is not None]
 
 
 class CachePolicy:
@@ -47,6 +71,8 @@ class CachePolicy:
 
     name: ClassVar[str] = "config"
     needs_prefix_fingerprints: ClassVar[bool] = False
+    # why this policy cannot run with the host tier on, as the one-line refusal's reason; None: it can
+    host_tier_problem: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self.tree: RadixTree | None = None
@@ -100,6 +126,13 @@ class CachePolicy:
     def on_hit(self, req: Req) -> None:
         """``req``'s admission match is done: ``req.last_node`` (locked next), ``req.cache_protected_len``
         (the hit), ``req.full_kv_hit_len``."""
+
+    def settle_keys(self) -> None:
+        """Apply the re-keys this policy deferred: a policy that learns, while the tree derives a new
+        checkpoint's key, that other nodes' keys moved (Sift: the checkpoints a new one supersedes) may note
+        them and re-key them before its next pick. The invariant checker calls this before it compares
+        every node's key with its listing, so that a deferred key is not reported as stale; its victims are
+        unaffected (each pick settles first). Nothing is deferred here. O(deferred nodes * log n)."""
 
     def admit_checkpoint(self, req: Req, seq_len: int) -> bool:
         """Whether the state of ``req``'s first ``seq_len`` tokens, handed to the tree now, is kept."""

@@ -705,7 +705,10 @@ class RadixTree(HostTierTree):
                     observe("state", now - node.mamba_last_access)
                 if node.kv_lock_ref:  # the checkpoint a decoding request did not lock (skip_decode_lock)
                     self.checkpoints_dropped_under_kv_lock += 1
-                if node.children or node.full_lock_ref:  # a locked leaf: only a KV-only lock, its KV stays
+                # a device leaf (its children, if any, all host-only) goes as without the tier (demoted, not
+                # tombstoned: the device order stays the tier-less one); a locked leaf: only a KV-only lock,
+                # its KV stays
+                if len(node.children) != node.host_children or node.full_lock_ref:
                     if self.write_back and node.host_slot is None and self.host_backup is not None:
                         self.host_backup.backup_state(node)  # the checkpoint keeps a host copy
                     if node.children or node.full_lock_ref:

@@ -100,7 +100,7 @@ def test_a_policy_group_is_not_merged_with_a_run_of_the_same_parameters() -> Non
         ),
         (
             _group("g", host_memory_ratio=4.0),
-            "group 'g': the host tier runs the config's own eviction order only, not research policy 'oracle'",
+            "group 'g': research policy 'oracle' cannot run with the host tier: its future uses ignore host hits",
         ),
         (
             _group("g", peer="sglang-0.5.20"),

@@ -39,7 +39,7 @@ import numpy as np
 from mamba_radix.config import DEFAULT_FLOP_CROSSOVER, CacheConfig
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.peers import MARCONI_ADMISSION
-from mamba_radix.policy import CachePolicy
+from mamba_radix.policy import CachePolicy, num_device_children
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.eviction import EvictionIndex
@@ -128,7 +128,7 @@ class Marconi(CachePolicy):
         return nodes[int(np.argmin(scores))]
 
     def pick_mamba_victim(self, index: EvictionIndex) -> TreeNode | None:
-        nodes = [n for n in index.mamba_candidates() if len(n.children) <= 1]
+        nodes = [n for n in index.mamba_candidates() if num_device_children(n) <= 1]
         if not nodes:
             return index.first_mamba()
         return self._lowest(nodes)

@@ -69,6 +69,11 @@ class Oracle(CachePolicy):
 
     name: ClassVar[str] = "oracle"
     needs_prefix_fingerprints: ClassVar[bool] = True
+    # its next uses come from a replay without the tier, where a device eviction is a loss; with a host tier
+    # the evicted checkpoint may come back as a host hit, so its order is no longer Belady's (nor a bound)
+    host_tier_problem: ClassVar[str | None] = (
+        "its future uses ignore host hits, so it is no optimum there; the tier-aware reference is host_merged"
+    )
 
     def __init__(
         self, future: FutureIndex, *, admission: bool = True, eviction: bool = True, knows_order: bool = True

@@ -127,7 +127,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from mamba_radix.policy import CachePolicy
+from mamba_radix.policy import CachePolicy, num_device_children
 from mamba_radix.state_stamp import PrefixFingerprints
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -333,8 +333,8 @@ class Sift(CachePolicy):
     def _supersede_above(self, node: TreeNode, kind: str) -> None:
         x = node.parent
         while x is not None and not x.is_root:
-            if len(x.children) > 1:
-                return  # a fork: the checkpoints above serve several branches
+            if num_device_children(x) > 1:
+                return  # a fork: the checkpoints above serve several branches (on the device)
             if x.mamba_slot is not None:
                 rec = self._rec.get(x.id)
                 if rec is not None and rec.slot == x.mamba_slot and not rec.superseded:
@@ -420,6 +420,9 @@ class Sift(CachePolicy):
             rec.kv_priority = self._kv_clock_at(cls, node.last_access) + self._kv_value(rec)
             rec.kv_class, rec.kv_stamp = cls, node.last_access
         return rec.kv_priority
+
+    def settle_keys(self) -> None:
+        self._flush()
 
     def _flush(self) -> None:
         if self._dirty:

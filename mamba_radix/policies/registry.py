@@ -77,7 +77,9 @@ class PolicyContext:
 @dataclass(frozen=True)
 class PolicySpec:
     """One comparable policy: ``configure(base)`` gives its config, ``make(config, context)`` its policy
-    object (``None``: the config alone). ``family``: ``sglang``, ``peer``, ``ours`` or ``offline``."""
+    object (``None``: the config alone). ``family``: ``sglang``, ``peer``, ``ours`` or ``offline``.
+    ``host_tier_problem``: why it cannot run with the host tier on (its class's, readable without building
+    it: the makers need the trace), or None."""
 
     name: str
     family: str
@@ -85,6 +87,7 @@ class PolicySpec:
     equivalence: str
     configure: Callable[[CacheConfig], CacheConfig]
     make: Callable[[CacheConfig, PolicyContext], CachePolicy | None] = lambda config, ctx: None
+    host_tier_problem: str | None = None
 
 
 def _preset(name: str) -> Callable[[CacheConfig], CacheConfig]:
@@ -211,6 +214,7 @@ POLICIES: dict[str, PolicySpec] = _by_name(
         "mamba_radix.policies.oracle); a strong reference elsewhere.",
         _current,
         _make_oracle,
+        Oracle.host_tier_problem,
     ),
 )
 
@@ -244,6 +248,7 @@ REFERENCES: dict[str, PolicySpec] = _by_name(
         "oracle, it splits the oracle's lead into predicting death and knowing the order of future uses.",
         _current,
         lambda config, ctx: Oracle(ctx.future(config), knows_order=False),
+        Oracle.host_tier_problem,
     ),
 )
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from mamba_radix.policy import CachePolicy
+from mamba_radix.policy import CachePolicy, device_children, num_device_children
 
 if TYPE_CHECKING:  # pragma: no cover
     from mamba_radix.eviction import EvictionIndex
@@ -49,13 +49,13 @@ def merged_gap(node: TreeNode) -> int:
             break
         up = up.parent
     down = node
-    while True:
-        (child,) = down.children.values() if len(down.children) == 1 else (None,)
-        if child is None:
+    while True:  # down the device chain: host-only children are gone from the device (policy.py)
+        children = device_children(down)
+        if len(children) != 1:
             nxt = down.depth
             break
-        down = child
-        if down.mamba_slot is not None or len(down.children) != 1:
+        down = children[0]
+        if down.mamba_slot is not None or num_device_children(down) != 1:
             nxt = down.depth
             break
     return nxt - prev
@@ -79,7 +79,7 @@ class CoverageThinning(CachePolicy):
 
     def thinnable(self, node: TreeNode) -> bool:
         """Not a fixed boundary: internal with one child, unlocked (a candidate), never reused. O(1)."""
-        if len(node.children) != 1:
+        if num_device_children(node) != 1:
             return False
         seen = self._created.get(node.id)
         return seen is not None and seen[0] == node.mamba_slot and seen[1] == node.mamba_last_access

@@ -256,8 +256,9 @@ def policy_problem(spec: RunSpec) -> str | None:
 
     Refused: a name the registry does not know (the known ones listed); a ``peer`` as well (each sets the
     rules; a policy starts from its own release preset); a config field the policy's preset would set to
-    another value; the host tier (the cache runs the config's own eviction order there, SGLang's HiCache)
-    unless ``host_merged`` merges it into the device pools (the tier-aware reference, tier off);
+    another value; the host tier for a policy that cannot run with it (``host_tier_problem``: the offline
+    oracle) unless ``host_merged`` merges it into the device pools (the tier-aware reference, tier off);
+    any other policy chooses the device victims with the tier on as without it;
     unified memory (its give-way rule, not the policy, picks which side loses bytes when KV and states
     meet). The adaptive split and quantized checkpoint formats run with a policy. O(fields)."""
     from mamba_radix.policies.registry import POLICIES, REFERENCES, VARIANTS, find_spec
@@ -277,11 +278,14 @@ def policy_problem(spec: RunSpec) -> str | None:
     if clash:
         verb = "conflicts" if len(clash) == 1 else "conflict"
         return f"{', '.join(clash)} {verb} with policy {name!r} (it sets its own rules); drop one"
-    if (config.host_tier or spec.options.get("host_memory_ratio")) and not spec.options.get("host_merged"):
+    tiered = (config.host_tier or spec.options.get("host_memory_ratio")) and not spec.options.get(
+        "host_merged"
+    )
+    problem = found.host_tier_problem if tiered else None
+    if problem is not None:
         return (
-            f"the host tier runs the config's own eviction order only, not research policy {name!r}; "
-            "drop 'policy' or the host pools (host_kv_tokens, host_state_slots, host_memory_ratio), or merge "
-            "them into the device's (host_merged: the tier-aware reference)"
+            f"research policy {name!r} cannot run with the host tier: {problem}; drop 'policy' or the host "
+            "pools (host_kv_tokens, host_state_slots, host_memory_ratio), or set host_merged"
         )
     if config.enable_unified_memory:
         return (
