@@ -23,13 +23,12 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
-from test_host_tier import EXTRA, POLICIES, STRATEGIES, HostEngine, HostTierMachine, prompt
+from test_host_tier import EXTRA, POLICIES, STRATEGIES, HostEngine, HostTierMachine, make_engine, prompt
 
-from mamba_radix import CacheConfig, MambaRadixCache, RadixKey, Req
+from mamba_radix import MambaRadixCache, RadixKey, Req
 from mamba_radix.errors import InvalidArgument
 from mamba_radix.events import (
     DEVICE_MEDIUM,
@@ -43,31 +42,12 @@ from mamba_radix.events import (
     chain_block_hashes,
 )
 from mamba_radix.node import TreeNode
-from mamba_radix.pools import MHATokenToKVPool
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def make_events_engine(
-    *,
-    num_tokens: int = 2048,
-    num_slots: int = 48,
-    host_kv: int = 1024,
-    host_slots: int = 16,
-    **fields: Any,
-) -> HostEngine:
+def make_events_engine(**kwargs: Any) -> HostEngine:
     """:func:`test_host_tier.make_engine`'s engine over a cache that records events."""
-    config = CacheConfig(host_kv_tokens=host_kv, host_state_slots=host_slots, **fields)
-    storage = MHATokenToKVPool(num_tokens, config.page_size, torch.float32, 1, 2, 1)
-    cache = MambaRadixCache.build(
-        config,
-        num_tokens=num_tokens,
-        num_slots=num_slots,
-        max_running_requests=6,
-        max_context_len=1024,
-        kv_storage=storage,
-        events=True,
-    )
-    return HostEngine(cache, storage)
+    return make_engine(events=True, **kwargs)
 
 
 def tiers_view(cache: MambaRadixCache) -> dict[str, dict[int, Any]]:

@@ -17,22 +17,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 from test_host_tier import STRATEGIES, HostEngine, HostTierMachine, prompt
+from test_host_tier import make_engine as host_engine
 
 from mamba_radix import CacheConfig, MambaRadixCache, Req
 from mamba_radix.errors import ConfigError, InvalidArgument
 from mamba_radix.eviction import is_full_candidate, is_mamba_candidate
-from mamba_radix.peers import apply_peer
 from mamba_radix.policies.future import FutureIndex
 from mamba_radix.policies.marconi import Marconi
 from mamba_radix.policies.oracle import Oracle
 from mamba_radix.policies.registry import POLICIES, VARIANTS
 from mamba_radix.policy import CachePolicy
-from mamba_radix.pools import MHATokenToKVPool
 from mamba_radix.sim.sweep import RunSpec, policy_problem, run_one
 
 # the research policies a cache takes without the trace (the registry's makers read it only for these)
@@ -84,25 +82,19 @@ def make_engine(
     num_slots: int = 40,
     host_kv: int = 384,
     host_slots: int = 6,
-    **fields: object,
+    **fields: Any,
 ) -> HostEngine:
-    """A :class:`HostEngine` (``test_host_tier``) whose cache runs ``policy``, on SGLang 0.5.23's rules (the
+    """:func:`test_host_tier.make_engine`'s engine whose cache runs ``policy``, on SGLang 0.5.23's rules (the
     registry's base for every research policy: KV-only leaves kept)."""
-    config = apply_peer(
-        CacheConfig(host_kv_tokens=host_kv, host_state_slots=host_slots, **fields),  # type: ignore[arg-type]
-        "sglang-0.5.23",
-    )
-    storage = MHATokenToKVPool(num_tokens, config.page_size, torch.float32, 1, 2, 1)
-    cache = MambaRadixCache.build(
-        config,
+    return host_engine(
         num_tokens=num_tokens,
         num_slots=num_slots,
-        max_running_requests=6,
-        max_context_len=1024,
-        kv_storage=storage,
+        host_kv=host_kv,
+        host_slots=host_slots,
         policy=policy,
+        peer="sglang-0.5.23",
+        **fields,
     )
-    return HostEngine(cache, storage)
 
 
 # ------------------------------------------------------------------------------------ state machine

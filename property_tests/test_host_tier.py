@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from mamba_radix import CacheConfig, MambaRadixCache, Req
 from mamba_radix.errors import ConfigError, InvalidArgument
+from mamba_radix.peers import apply_peer
 from mamba_radix.policy import CachePolicy
 from mamba_radix.pools import MHATokenToKVPool
 from mamba_radix.state_stamp import fingerprint, read_stamp, write_stamp
@@ -117,9 +118,16 @@ def make_engine(
     num_slots: int = 48,
     host_kv: int = 1024,
     host_slots: int = 16,
+    events: bool = False,
+    policy: CachePolicy | None = None,
+    peer: str | None = None,
     **fields: object,
 ) -> HostEngine:
+    """A :class:`HostEngine` over real pools; ``events`` / ``policy`` go to the cache, ``peer`` (a preset of
+    :mod:`mamba_radix.peers`) is applied to the config built from ``fields``."""
     config = CacheConfig(host_kv_tokens=host_kv, host_state_slots=host_slots, **fields)  # type: ignore[arg-type]
+    if peer is not None:
+        config = apply_peer(config, peer)
     storage = MHATokenToKVPool(num_tokens, config.page_size, torch.float32, 1, 2, 1)
     cache = MambaRadixCache.build(
         config,
@@ -128,6 +136,8 @@ def make_engine(
         max_running_requests=6,
         max_context_len=1024,
         kv_storage=storage,
+        events=events,
+        policy=policy,
     )
     return HostEngine(cache, storage)
 
