@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from mamba_radix.buffers import buffer_strategy
+from mamba_radix.cache_checkpoints import QuantizedCheckpointCache
 from mamba_radix.cache_host import HostTierCache, check_host_tier_options
 from mamba_radix.cache_results import (
     CacheStats,
@@ -44,7 +45,7 @@ from mamba_radix.cache_results import (
     PrefixPeek,
 )
 from mamba_radix.config import CacheConfig
-from mamba_radix.errors import InvalidArgument, InvalidIndex, OutOfSlots, check_count
+from mamba_radix.errors import InvalidArgument, InvalidIndex, check_count
 from mamba_radix.events import CacheEvent, EventLog
 from mamba_radix.insert_checks import check_cache_pools, check_caller_owns, check_not_tree_kv
 from mamba_radix.invariants import check_invariants
@@ -76,7 +77,7 @@ def _free_concatenated(allocator: Any, chunks: list[torch.Tensor], num_ids: int)
     allocator.free(chunks[0] if len(chunks) == 1 else torch.cat(chunks), check=False)
 
 
-class MambaRadixCache(HostTierCache):
+class MambaRadixCache(HostTierCache, QuantizedCheckpointCache):
     """The Mamba-aware radix prefix cache over a :class:`HybridReqToTokenPool` and a token allocator.
 
     The request lifecycle is a layer over this cache: :attr:`lifecycle`, a
@@ -487,38 +488,6 @@ class MambaRadixCache(HostTierCache):
             return self._settle_insert(self.tree.insert(key, kv_indices, mamba_slot, prev_prefix_len))
         return self._insert_quantized(key, kv_indices, mamba_slot, prev_prefix_len)
 
-    def _insert_quantized(
-        self, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int, prev_prefix_len: int
-    ) -> tuple[InsertResult, TreeInsert]:
-        """:meth:`insert` under a quantized format, for a caller that follows the ``model`` contract (the
-        slot becomes the tree's unless ``mamba_exists``): the state is quantized into a free checkpoint
-        slot and the caller's state slot freed, unless ``mamba_exists`` (the caller keeps its slot, the
-        fresh checkpoint is freed). Like the ``model`` insert it evicts nothing: with no checkpoint slot
-        free it raises :class:`~mamba_radix.errors.OutOfSlots`, nothing changed."""
-        pool = self.checkpoint_pool
-        assert pool is not None
-        if not self.mamba_pool.is_slot_allocated(mamba_slot):  # a wrong type is not left to the tree here
-            raise InvalidIndex(
-                f"state slot {mamba_slot!r} is not an allocated slot; insert only slots from alloc"
-            )
-        ckpt = pool.store_from(self.mamba_pool, mamba_slot, check=False)  # the caller's slot (checked)
-        if ckpt is None:
-            raise OutOfSlots(
-                f"all {pool.size} checkpoint slots are in use; evict checkpoints first "
-                "(cache.evict(num_states=1)) or raise checkpoint_slots"
-            )
-        try:
-            done = self.tree.insert(key, kv_indices, ckpt, prev_prefix_len)
-        except BaseException:
-            pool.free([ckpt], check=False)  # a refused insert: the fresh checkpoint goes back
-            raise
-        result = self._settle_insert(done)
-        if done.mamba_exists:
-            pool.free([ckpt], check=False)  # the tree has this state already: the fresh copy goes
-        else:
-            self.mamba_pool.free([mamba_slot], check=False)  # consumed, as under "model"
-        return result
-
     def insert_below(
         self, node: TreeNode, key: RadixKey, kv_indices: torch.Tensor, mamba_slot: int
     ) -> tuple[InsertResult, TreeInsert]:
@@ -699,29 +668,6 @@ class MambaRadixCache(HostTierCache):
             self.evict(num_states=1)
             slots = self.mamba_pool.alloc(1, as_list=True)
         return None if slots is None else slots[0]
-
-    # ------------------------------------------------------------------------- quantized checkpoints
-    def _checkpoint_slots(self) -> MambaPool | CheckpointPool:
-        """The pool the tree's checkpoint slots come from (and go back to). O(1)."""
-        return self.mamba_pool if self.checkpoint_pool is None else self.checkpoint_pool
-
-    def store_checkpoint(self, src_slot: int) -> int | None:
-        """Quantized formats only: quantize state slot ``src_slot`` (the caller's, allocated: trusted) into
-        a fresh checkpoint slot, evicting one checkpoint if none is free (SGLang's
-        ``_alloc_int8_ckpt_slot``); returns the slot (the caller's until handed to the tree), or ``None``
-        with nothing written when none can be had. O(slot elements + log n)."""
-        pool = self.checkpoint_pool
-        assert pool is not None, "store_checkpoint is for a quantized checkpoint_format"
-        ckpt = pool.store_from(self.mamba_pool, src_slot, check=False)
-        if ckpt is None:
-            self.evict(num_states=1)
-            ckpt = pool.store_from(self.mamba_pool, src_slot, check=False)
-        return ckpt
-
-    def free_checkpoint(self, ckpt_slot: int) -> None:
-        """Return a checkpoint slot :meth:`store_checkpoint` gave and the tree did not take (its insert
-        found the state there already). Trusted. O(1)."""
-        self._checkpoint_slots().free([ckpt_slot], check=False)
 
     # ------------------------------------------------------------------------------------------- events
     def take_events(self) -> list[CacheEvent]:
